@@ -1,0 +1,283 @@
+"""The ORM-backed cache of the cluster, and the append-only history.
+
+The API server is the truth. These rows mirror what watches and our own successful writes
+have shown; they are never the authority for a claim. History rows (``SlotEvent``,
+``ReconcileRun``, ``AuditEntry``) are append-only: nothing edits or deletes them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Configuration(models.Model):
+    """A mirror of an ``akri.sh/v0`` Configuration."""
+
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, blank=True)
+    resource_version = models.CharField(max_length=64, blank=True)
+    generation = models.BigIntegerField(default=0)
+    spec = models.JSONField(default=dict)
+    capacity = models.PositiveIntegerField(default=1)
+    unique_devices = models.BooleanField(default=True)
+    discovery_handler = models.CharField(max_length=253, blank=True)
+    # Why this Configuration cannot be used as it is; empty when it is valid.
+    error = models.TextField(blank=True)
+    deleting = models.BooleanField(default=False)
+    created_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "name"], name="uniq_configuration"),
+        ]
+        ordering = ["namespace", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Instance(models.Model):
+    """A mirror of an ``akri.sh/v0`` Instance: one discovered device."""
+
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, blank=True)
+    resource_version = models.CharField(max_length=64, blank=True)
+    configuration_name = models.CharField(max_length=253, db_index=True)
+    cdi_name = models.CharField(max_length=512, blank=True)
+    capacity = models.PositiveIntegerField(default=1)
+    shared = models.BooleanField(default=False)
+    nodes = models.JSONField(default=list)
+    broker_properties = models.JSONField(default=dict)
+    device_usage = models.JSONField(default=dict)
+    deleting = models.BooleanField(default=False)
+    created_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "name"], name="uniq_instance"),
+        ]
+        ordering = ["namespace", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Slot(models.Model):
+    """One ``deviceUsage`` slot of an Instance, as last seen."""
+
+    class Level(models.TextChoices):
+        FREE = "free", "free"
+        IL = "IL", "Instance level"
+        CL = "CL", "Configuration level"
+        FOREIGN = "foreign", "foreign value"
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="slots")
+    key = models.CharField(max_length=300)
+    index = models.PositiveIntegerField()
+    value = models.CharField(max_length=512, blank=True)
+    level = models.CharField(max_length=8, choices=Level.choices, default=Level.FREE)
+    holder_node = models.CharField(max_length=253, blank=True, db_index=True)
+    vdev = models.CharField(max_length=300, blank=True)
+    # Beyond the Instance's capacity: removed once released (capacity shrank under a holder).
+    surplus = models.BooleanField(default=False)
+    since = models.DateTimeField(null=True, blank=True)
+    # The pod holding the slot, when the slot-to-pod map or PodResources knows it.
+    pod_namespace = models.CharField(max_length=253, blank=True)
+    pod_name = models.CharField(max_length=253, blank=True)
+    pod_uid = models.CharField(max_length=64, blank=True)
+    container = models.CharField(max_length=253, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "key"], name="uniq_slot"),
+        ]
+        ordering = ["instance_id", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value!r}"
+
+
+class SlotEvent(models.Model):
+    """One change of one slot. Append-only."""
+
+    class Cause(models.TextChoices):
+        ALLOCATE = "allocate", "allocate"
+        RELEASE = "release", "release"
+        RECONCILE = "reconcile", "reconcile"
+        RESTORE = "restore", "restore"
+        NODE_GONE = "node_gone", "node gone"
+        MANUAL = "manual", "manual release"
+        OBSERVED = "observed", "observed change"
+        CONFLICT = "conflict", "conflict"
+
+    at = models.DateTimeField(db_index=True)
+    namespace = models.CharField(max_length=253)
+    instance = models.CharField(max_length=253, db_index=True)
+    configuration = models.CharField(max_length=253, blank=True, db_index=True)
+    slot = models.CharField(max_length=300, db_index=True)
+    before = models.CharField(max_length=512, blank=True)
+    after = models.CharField(max_length=512, blank=True)
+    cause = models.CharField(max_length=16, choices=Cause.choices)
+    actor = models.CharField(max_length=253)
+    node = models.CharField(max_length=253, blank=True, db_index=True)
+    pod = models.CharField(max_length=512, blank=True)
+    detail = models.TextField(blank=True)
+    run = models.ForeignKey(
+        "ReconcileRun", null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["cause", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.slot} {self.before!r}->{self.after!r} ({self.cause})"
+
+
+class ReconcileRun(models.Model):
+    """One reconciliation pass, node-local or cluster-wide. Append-only once finished."""
+
+    class Scope(models.TextChoices):
+        NODE = "node", "node"
+        CLUSTER = "cluster", "cluster"
+
+    class Trigger(models.TextChoices):
+        EVENT = "event", "event"
+        SWEEP = "sweep", "sweep"
+        STARTUP = "startup", "start-up"
+        MANUAL = "manual", "manual"
+        SCHEDULE = "schedule", "schedule"
+
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    node = models.CharField(max_length=253, blank=True, db_index=True)
+    trigger = models.CharField(max_length=10, choices=Trigger.choices)
+    started_at = models.DateTimeField(db_index=True)
+    duration_ms = models.FloatField(default=0)
+    checked = models.PositiveIntegerField(default=0)
+    released = models.PositiveIntegerField(default=0)
+    restored = models.PositiveIntegerField(default=0)
+    conflicts = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    detail = models.TextField(blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.node or 'cluster'} {self.trigger} @ {self.started_at:%H:%M:%S}"
+
+
+class SlotPodBinding(models.Model):
+    """The slot-to-pod map of one node: which pod holds which slot this node claimed.
+
+    Kept in the database so that a restarted agent resumes without leaking or stealing.
+    """
+
+    node = models.CharField(max_length=253)
+    slot = models.CharField(max_length=300)
+    instance = models.CharField(max_length=253)
+    namespace = models.CharField(max_length=253)
+    # The kubelet device id the slot was allocated under (IL slot key or CL vdev).
+    device_id = models.CharField(max_length=300, blank=True)
+    resource_name = models.CharField(max_length=300, blank=True)
+    pod_namespace = models.CharField(max_length=253, blank=True)
+    pod_name = models.CharField(max_length=253, blank=True)
+    pod_uid = models.CharField(max_length=64, blank=True)
+    container = models.CharField(max_length=253, blank=True)
+    allocated_at = models.DateTimeField()
+    # Last time PodResources showed the device id in use.
+    seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "slot"], name="uniq_binding"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.slot} -> {self.pod_namespace}/{self.pod_name}"
+
+
+class Node(models.Model):
+    """A mirror of a Kubernetes Node (cluster cache)."""
+
+    name = models.CharField(max_length=253, unique=True)
+    ready = models.BooleanField(default=False)
+    # When the node was last seen Ready; NotReady beyond a grace frees its slots.
+    ready_since = models.DateTimeField(null=True, blank=True)
+    not_ready_since = models.DateTimeField(null=True, blank=True)
+    labels = models.JSONField(default=dict)
+    deleted = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pod(models.Model):
+    """A mirror of a Kubernetes Pod that requests ``akri.sh/*`` resources (cluster cache)."""
+
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, db_index=True)
+    node_name = models.CharField(max_length=253, blank=True, db_index=True)
+    phase = models.CharField(max_length=32, blank=True)
+    resources = models.JSONField(default=dict)
+    deleting = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "name"], name="uniq_pod"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class SyncState(models.Model):
+    """Where a watcher stands, so that it resumes from the last resourceVersion it saw."""
+
+    owner = models.CharField(max_length=253)
+    kind = models.CharField(max_length=64)
+    resource_version = models.CharField(max_length=64, blank=True)
+    relists = models.PositiveIntegerField(default=0)
+    synced_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "kind"], name="uniq_syncstate"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner}/{self.kind}@{self.resource_version}"
+
+
+class AuditEntry(models.Model):
+    """A manual action by a person, whatever its outcome. Append-only."""
+
+    at = models.DateTimeField(db_index=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=512)
+    holder = models.CharField(max_length=512, blank=True)
+    reason = models.TextField(blank=True)
+    outcome = models.CharField(max_length=16)  # done / refused / failed
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.username} {self.action} {self.target}: {self.outcome}"

@@ -1,0 +1,92 @@
+"""Strict little parsers for settings read from the environment.
+
+A typo in a boolean or a number is an error at start-up, never a silent default.
+A secret may come from ``NAME_FILE`` (the file's content, stripped) instead of ``NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class EnvError(ValueError):
+    """A setting in the environment that cannot be used as it is."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def raw(name: str, default: str | None = None) -> str | None:
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read().strip()
+        except OSError as exc:
+            raise EnvError(f"{name}_FILE={path!r} cannot be read: {exc}") from exc
+    return os.environ.get(name, default)
+
+
+def string(name: str, default: str = "") -> str:
+    value = raw(name)
+    return default if value is None else value
+
+
+def boolean(name: str, default: bool) -> bool:
+    value = raw(name)
+    if value is None or value == "":
+        return default
+    folded = value.strip().lower()
+    if folded in _TRUE:
+        return True
+    if folded in _FALSE:
+        return False
+    raise EnvError(f"{name}={value!r} is not a boolean (use one of: true, false, 1, 0, yes, no)")
+
+
+def integer(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    value = raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not a whole number") from None
+    _check_range(name, number, minimum, maximum)
+    return number
+
+
+def number(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    value = raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        parsed = float(value.strip())
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not a number") from None
+    _check_range(name, parsed, minimum, maximum)
+    return parsed
+
+
+def words(name: str, default: list[str]) -> list[str]:
+    value = raw(name)
+    if value is None:
+        return list(default)
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def choice(name: str, default: str, options: tuple[str, ...]) -> str:
+    value = raw(name)
+    if value is None or value == "":
+        return default
+    if value not in options:
+        raise EnvError(f"{name}={value!r} is not one of {', '.join(options)}")
+    return value
+
+
+def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise EnvError(f"{name}={value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise EnvError(f"{name}={value} is above the maximum {maximum}")
