@@ -97,6 +97,7 @@ class Slot(models.Model):
             models.UniqueConstraint(fields=["instance", "key"], name="uniq_slot"),
         ]
         ordering = ["instance_id", "index"]
+        permissions = [("release_slot", "Can release a slot by hand")]
 
     def __str__(self) -> str:
         return f"{self.key}={self.value!r}"
