@@ -54,6 +54,10 @@ class Instance(models.Model):
     broker_properties = models.JSONField(default=dict)
     device_usage = models.JSONField(default=dict)
     deleting = models.BooleanField(default=False)
+    # The resourceVersion of our own write applied ahead of the watch. The watch skips events
+    # until it echoes this version: they are older, and applying them would step back.
+    pending_rv = models.CharField(max_length=64, blank=True)
+    pending_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -128,6 +132,8 @@ class SlotEvent(models.Model):
     node = models.CharField(max_length=253, blank=True, db_index=True)
     pod = models.CharField(max_length=512, blank=True)
     detail = models.TextField(blank=True)
+    # The Instance's resourceVersion that carries this change.
+    resource_version = models.CharField(max_length=64, blank=True)
     run = models.ForeignKey(
         "ReconcileRun", null=True, blank=True, on_delete=models.PROTECT, related_name="events"
     )

@@ -45,7 +45,9 @@ def boolean(name: str, default: bool) -> bool:
     raise EnvError(f"{name}={value!r} is not a boolean (use one of: true, false, 1, 0, yes, no)")
 
 
-def integer(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def integer(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     value = raw(name)
     if value is None or value == "":
         return default
@@ -57,7 +59,9 @@ def integer(name: str, default: int, *, minimum: int | None = None, maximum: int
     return number
 
 
-def number(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+def number(
+    name: str, default: float, *, minimum: float | None = None, maximum: float | None = None
+) -> float:
     value = raw(name)
     if value is None or value == "":
         return default

@@ -1,1 +1,9 @@
-websocket_urlpatterns: list = []
+"""Websocket routes, mounted by ``akri_site.asgi`` behind the origin check and session auth."""
+
+from django.urls import path
+
+from akri_site.dashboard.consumers import LiveConsumer
+
+websocket_urlpatterns = [
+    path("ws/live/", LiveConsumer.as_asgi()),
+]

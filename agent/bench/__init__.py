@@ -1,0 +1,50 @@
+"""Benchmarks: ``python manage.py bench NAME`` runs one and prints its summary line last.
+
+Each benchmark is a function returning an ordered mapping of figures; the command prints
+``NAME key=value ...``. Ratios compare against a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+# name -> (module, function, what it measures)
+REGISTRY: dict[str, tuple[str, str, str]] = {
+    "claims": ("agent.bench.claims", "bench_claims", "claim+release through the claim store vs a bare conditional write"),
+    "contention": ("agent.bench.claims", "bench_contention", "20 claimers race for an Instance of capacity 3, 200 rounds"),
+}
+
+
+def register(name: str, module: str, function: str, description: str) -> None:
+    REGISTRY[name] = (module, function, description)
+
+
+def load(name: str) -> Callable[..., dict[str, object]]:
+    module, function, _ = REGISTRY[name]
+    return getattr(importlib.import_module(module), function)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (0-100) by nearest rank; values need not be sorted."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summary(name: str, figures: dict[str, object]) -> str:
+    parts = []
+    for key, value in figures.items():
+        if isinstance(value, float):
+            value = f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+        parts.append(f"{key}={value}")
+    return f"{name} " + " ".join(parts)
+
+
+def ensure_migrated() -> None:
+    """Benchmarks write cache rows: make sure the database they use has its tables."""
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)

@@ -1,0 +1,160 @@
+"""Benchmarks of the claim store against the API-server simulator."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+from agent.bench import ensure_migrated, percentile
+from agent.domain.naming import slot_key
+from agent.domain.slots import initial_usage
+from agent.kube import cache
+from agent.kube.claims import ClaimStore, SlotTaken
+from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
+from agent.simulator.apiserver import ApiServerSimulator
+
+
+def instance_body(name: str, capacity: int, configuration: str = "bench") -> dict[str, Any]:
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {"name": name},
+        "spec": {
+            "configurationName": configuration,
+            "cdiName": f"akri.sh/{configuration}={name[-6:]}",
+            "capacity": capacity,
+            "shared": True,
+            "nodes": ["node-a"],
+            "brokerProperties": {},
+            "deviceUsage": initial_usage(name, capacity),
+        },
+    }
+
+
+def bench_claims(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    ensure_migrated()
+    rounds = 100 if quick else 1000
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    with ApiServerSimulator() as sim:
+        api = AkriApi(new_api_client(_kubeconfig(sim)), namespace)
+        store = ClaimStore(api, "node-a")
+        name = "bench-claims-000001"
+        created = api.create_instance(instance_body(name, 4))
+        cache.apply_instance(created)
+        key = slot_key(name, 0)
+        # Warm up the connection pool and the code paths before measuring.
+        for _ in range(20):
+            store.claim(name, key, "node-a")
+            store.release(name, key, "node-a")
+        store_ms: list[float] = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            store.claim(name, key, "node-a")
+            store_ms.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            store.release(name, key, "node-a")
+            store_ms.append((time.perf_counter() - started) * 1000)
+        bare_ms: list[float] = []
+        bare_key = slot_key(name, 1)
+        value = ""
+        for _ in range(rounds * 2):
+            new = "" if value else "node-a"
+            ops = [
+                {"op": "test", "path": f"/spec/deviceUsage/{bare_key}", "value": value},
+                {"op": "replace", "path": f"/spec/deviceUsage/{bare_key}", "value": new},
+            ]
+            started = time.perf_counter()
+            api.custom.patch_namespaced_custom_object(
+                "akri.sh", "v0", namespace, "instances", name, ops, _content_type=JSON_PATCH
+            )
+            bare_ms.append((time.perf_counter() - started) * 1000)
+            value = new
+    p50, bare_p50 = percentile(store_ms, 50), percentile(bare_ms, 50)
+    return {
+        "p50_ms": p50,
+        "p99_ms": percentile(store_ms, 99),
+        "bare_p50_ms": bare_p50,
+        "ratio_p50": p50 / bare_p50,
+        "ops": len(store_ms),
+    }
+
+
+def run_contention(api_clients: list[Any], namespace: str, rounds: int, capacity: int = 3) -> dict[str, object]:
+    """The race: every claimer wants one slot of one Instance each round. Also used by tests."""
+    admin = AkriApi(api_clients[0], namespace)
+    name = f"contended-{uuid.uuid4().hex[:6]}"
+    cache.apply_instance(admin.create_instance(instance_body(name, capacity)))
+    keys = [slot_key(name, i) for i in range(capacity)]
+    stores = [ClaimStore(AkriApi(c, namespace), f"node-{i}") for i, c in enumerate(api_clients)]
+    double_holders = 0
+    wrong_winner_counts = 0
+    losers_told_taken = 0
+    losers_other = 0
+    claims = 0
+    elapsed = 0.0
+    for _ in range(rounds):
+        results: dict[int, str | None] = {}
+        barrier = threading.Barrier(len(stores))
+
+        def claimer(i: int, store: ClaimStore) -> None:
+            barrier.wait()
+            node = f"node-{i}"
+            for key in keys:
+                try:
+                    store.claim(name, key, node)
+                    results[i] = key
+                    return
+                except SlotTaken:
+                    continue
+            results[i] = None
+
+        threads = [threading.Thread(target=claimer, args=(i, s)) for i, s in enumerate(stores)]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed += time.perf_counter() - started
+        winners = {i: key for i, key in results.items() if key}
+        claims += len(winners)
+        losers = [i for i in range(len(stores)) if i not in winners]
+        losers_told_taken += sum(1 for i in losers if i in results and results[i] is None)
+        losers_other += sum(1 for i in losers if i not in results)
+        if len(winners) != capacity:
+            wrong_winner_counts += 1
+        usage = admin.get_instance(name)["spec"]["deviceUsage"]
+        held = [usage[k] for k in keys if usage.get(k)]
+        if len(held) != len(set(held)) or len(set(winners.values())) != len(winners):
+            double_holders += 1
+        for key in keys:
+            if usage.get(key) and usage[key] != f"node-{[i for i, k in winners.items() if k == key][0]}":
+                double_holders += 1
+        for i, key in winners.items():
+            stores[i].release(name, key, f"node-{i}")
+    return {
+        "claims_per_s": claims / elapsed if elapsed else 0.0,
+        "double_holders": double_holders,
+        "wrong_winner_counts": wrong_winner_counts,
+        "losers_told_taken": losers_told_taken,
+        "losers_other": losers_other,
+        "rounds": rounds,
+    }
+
+
+def bench_contention(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    ensure_migrated()
+    rounds = 20 if quick else 200
+    with ApiServerSimulator() as sim:
+        path = _kubeconfig(sim)
+        clients = [new_api_client(path) for _ in range(20)]
+        return run_contention(clients, f"bench-{uuid.uuid4().hex[:6]}", rounds)
+
+
+def _kubeconfig(sim: ApiServerSimulator) -> str:
+    import tempfile
+
+    path = tempfile.mkstemp(prefix="akri-kubeconfig-", suffix=".yaml")[1]
+    sim.write_kubeconfig(path)
+    return path

@@ -1,0 +1,205 @@
+"""The controller: the cluster watched into the ORM cache, and the live fan-out to browsers.
+
+It watches Configurations and Instances (through ``CacheSync``), Pods that request
+``akri.sh/*`` resources and Nodes; after each applied change it hands the Instance to the
+live ``Coalescer``, which publishes one delta per window to the channel layer. Node
+transitions to NotReady (or deletion) enqueue the cluster-wide reconciliation, which frees
+that node's slots once its grace has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from kubernetes import client
+
+from agent.kube.watch import CacheSync, ResourceWatcher
+from agent.models import Node, Pod
+
+log = logging.getLogger(__name__)
+
+AKRI_PREFIX = "akri.sh/"
+
+
+def pod_resources(pod: dict[str, Any]) -> dict[str, int]:
+    """``akri.sh/*`` resources a pod asks for, summed over its containers (limits win)."""
+    wanted: dict[str, int] = {}
+    spec = pod.get("spec") or {}
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for name, quantity in asked.items():
+            if name.startswith(AKRI_PREFIX):
+                try:
+                    wanted[name] = wanted.get(name, 0) + int(str(quantity))
+                except ValueError:
+                    continue
+    return wanted
+
+
+def apply_pod(obj: dict[str, Any]) -> bool:
+    """Mirror a pod that uses Akri resources; True when the cache changed."""
+    meta = obj.get("metadata") or {}
+    resources = pod_resources(obj)
+    if not resources:
+        return False
+    Pod.objects.update_or_create(
+        namespace=meta.get("namespace", ""),
+        name=meta["name"],
+        defaults={
+            "uid": meta.get("uid", ""),
+            "node_name": (obj.get("spec") or {}).get("nodeName") or "",
+            "phase": (obj.get("status") or {}).get("phase") or "",
+            "resources": resources,
+            "deleting": bool(meta.get("deletionTimestamp")),
+        },
+    )
+    return True
+
+
+def node_ready(obj: dict[str, Any]) -> bool:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
+
+
+def apply_node(obj: dict[str, Any]) -> bool:
+    """Mirror a Node; True when it just stopped being Ready."""
+    meta = obj.get("metadata") or {}
+    ready = node_ready(obj)
+    now = timezone.now()
+    row = Node.objects.filter(name=meta["name"]).first()
+    was_ready = row.ready if row else None
+    if row is None:
+        row = Node(name=meta["name"])
+    row.labels = meta.get("labels") or {}
+    row.deleted = False
+    row.ready = ready
+    if ready and not was_ready:
+        row.ready_since, row.not_ready_since = now, None
+    elif not ready and row.not_ready_since is None:
+        row.not_ready_since = _transition_time(obj) or now
+    row.save()
+    return was_ready is not False and not ready
+
+
+def _transition_time(obj: dict[str, Any]):
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("lastTransitionTime"):
+            return parse_datetime(condition["lastTransitionTime"])
+    return None
+
+
+class Controller:
+    """Runs the watchers and the live fan-out until ``stop()``."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, *, sync: CacheSync | None = None,
+                 timeout_seconds: int = 300) -> None:
+        from akri_site.dashboard.live import Coalescer
+
+        self.api_client = api_client
+        self.namespace = namespace
+        self.owns_sync = sync is None
+        self.sync = sync or CacheSync(api_client, namespace, owner="controller", timeout_seconds=timeout_seconds)
+        self.live = Coalescer()
+        core = client.CoreV1Api(api_client)
+        self.pods = ResourceWatcher(
+            owner="controller", kind="pods", list_func=core.list_pod_for_all_namespaces,
+            on_event=self._pod_event, on_relist=self._pod_relist, api_client=api_client,
+            to_dict=True, timeout_seconds=timeout_seconds,
+        )
+        self.nodes = ResourceWatcher(
+            owner="controller", kind="nodes", list_func=core.list_node,
+            on_event=self._node_event, on_relist=self._node_relist, api_client=api_client,
+            to_dict=True, timeout_seconds=timeout_seconds,
+        )
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Controller:
+        self.live.start()
+        self.sync.subscribe(self._on_sync)
+        if self.owns_sync:
+            self.sync.start()
+        for watcher in (self.pods, self.nodes):
+            thread = threading.Thread(target=watcher.run, name=f"controller-{watcher.kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self.sync.unsubscribe(self._on_sync)
+        if self.owns_sync:
+            self.sync.stop()
+        for watcher in (self.pods, self.nodes):
+            watcher.stop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.live.stop()
+
+    # --- handlers -----------------------------------------------------------------------
+    def _on_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
+        if kind != "instance" or not name:
+            return
+        key = f"{self.namespace}/{name}"
+        if obj is None:
+            self.live.add_removed([key])
+        else:
+            self.live.add([key])
+
+    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if kind == "DELETED":
+            Pod.objects.filter(namespace=meta.get("namespace", ""), name=meta["name"]).delete()
+        else:
+            apply_pod(obj)
+
+    def _pod_relist(self, items: list[dict[str, Any]]) -> None:
+        keep = set()
+        for obj in items:
+            if apply_pod(obj):
+                keep.add((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
+        for row in Pod.objects.all().only("namespace", "name"):
+            if (row.namespace, row.name) not in keep:
+                row.delete()
+        close_old_connections()
+
+    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            Node.objects.filter(name=name).update(deleted=True, ready=False, not_ready_since=timezone.now())
+            self._enqueue_cluster_reconcile(f"node {name} deleted")
+        elif apply_node(obj):
+            self._enqueue_cluster_reconcile(f"node {name} NotReady")
+
+    def _node_relist(self, items: list[dict[str, Any]]) -> None:
+        names = set()
+        for obj in items:
+            apply_node(obj)
+            names.add(obj["metadata"]["name"])
+        Node.objects.exclude(name__in=names).update(deleted=True, ready=False)
+
+    def _enqueue_cluster_reconcile(self, why: str) -> None:
+        """After the grace, the cluster-wide pass frees what the lost node held."""
+        try:
+            from agent import tasks
+        except ImportError:  # pragma: no cover - tasks land with reconciliation
+            return
+        grace = float(settings.AKRI["NODE_GONE_GRACE_SECONDS"])
+        log.info("controller: %s; cluster reconciliation in %.0f s", why, grace)
+        try:
+            if settings.CELERY_TASK_ALWAYS_EAGER:
+                # No broker to hold a delayed task: wait in-process instead.
+                timer = threading.Timer(grace + 1, tasks.reconcile_cluster.apply, kwargs={"kwargs": {"trigger": "event"}})
+                timer.daemon = True
+                timer.start()
+            else:
+                tasks.reconcile_cluster.apply_async(kwargs={"trigger": "event"}, countdown=grace + 1)
+        except Exception:
+            log.exception("controller: could not enqueue cluster reconciliation")

@@ -1,0 +1,189 @@
+"""Configuration-level (CL) virtual devices (seed 001, akri-compat.md §4.2-4.3).
+
+The CL plugin of Configuration C on node N advertises virtual devices `C-0 .. C-(count-1)`:
+count = number of Instances of C that N can use (N in spec.nodes) when uniqueDevices is true,
+or the sum of their capacities when false. Vdevs are not tied to Instances; Allocate maps each
+requested vdev to a real slot, written as `C:<vdev>:<N>`.
+
+Health, so that kubelet is never offered more than Allocate can grant:
+- vdevs N holds (some slot is `C:<vdev>:N`) are Unhealthy: kubelet already has them, and a
+  Healthy one would be offered again and refused (Akri #849);
+- of the rest, the lowest-numbered k are Healthy, k = what N could claim through CL now:
+  unique -> usable Instances with a free slot; packing -> free slots of usable Instances.
+A slot taken through either plugin therefore disappears from both views. In unique mode this
+also caps what N holds through CL at the number of Instances, as in seed 001's example
+(2 cameras of capacity 2: after one pod takes 2, `akri.sh/akri-onvif` shows 0).
+
+The CL plugin must serialize its own Allocate calls (one lock per plugin, as Akri PR #844):
+two concurrent plans from the same snapshot could map one vdev to two slots on this node,
+which the per-slot conditions cannot see because the slots differ.
+"""
+
+from collections.abc import Iterable, Sequence
+
+from agent.domain.errors import InsufficientDevices, InvalidDeviceId
+from agent.domain.naming import cl_device_id, cl_resource_name, parse_cl_device_id
+from agent.domain.slots import HEALTHY, UNHEALTHY, InstanceState, UsageKind
+
+
+def _of_configuration(instances: Iterable[InstanceState], configuration: str) -> list:
+    return sorted((s for s in instances if s.configuration == configuration), key=lambda s: s.name)
+
+
+def usable_instances(
+    instances: Iterable[InstanceState], node: str, configuration: str
+) -> list[InstanceState]:
+    """Instances of `configuration` that `node` can use, by name."""
+    return [s for s in _of_configuration(instances, configuration) if s.usable_by(node)]
+
+
+def held_vdevs(
+    instances: Iterable[InstanceState], node: str, configuration: str
+) -> dict[str, tuple[str, str]]:
+    """vdev -> (instance, slot key) for every slot `node` holds through CL.
+
+    All Instances of the Configuration count, usable or not: kubelet still has those vdevs.
+    Should one vdev appear twice (never written by us), the first by (instance, index) wins.
+    """
+    held: dict[str, tuple[str, str]] = {}
+    for state in _of_configuration(instances, configuration):
+        for view in state.views():
+            usage = view.usage
+            if usage.kind is UsageKind.CONFIG and usage.node == node:
+                held.setdefault(usage.vdev, (state.name, view.key))
+    return held
+
+
+def cl_count(
+    instances: Iterable[InstanceState], node: str, unique: bool, configuration: str
+) -> int:
+    """How many vdev ids the CL plugin advertises (before adding held ids beyond it)."""
+    usable = usable_instances(instances, node, configuration)
+    return len(usable) if unique else sum(s.capacity for s in usable)
+
+
+def cl_claimable(
+    instances: Iterable[InstanceState], node: str, unique: bool, configuration: str
+) -> int:
+    """How many vdevs `node` could claim through CL right now (k in the module docstring)."""
+    usable = usable_instances(instances, node, configuration)
+    if unique:
+        return sum(1 for s in usable if s.free_slots())
+    return sum(len(s.free_slots()) for s in usable)
+
+
+def cl_devices(
+    configuration: str, instances: Sequence[InstanceState], node: str, unique: bool
+) -> list[tuple[str, str]]:
+    """(vdev id, health) for the CL plugin of `configuration` on `node`, in id order.
+
+    Held vdevs numbered beyond the current count (an Instance went away) are still listed,
+    Unhealthy, so that kubelet's view of devices its pods hold stays stable.
+    """
+    count = cl_count(instances, node, unique, configuration)
+    claimable = cl_claimable(instances, node, unique, configuration)
+    held = {
+        parse_cl_device_id(configuration, vdev)
+        for vdev in held_vdevs(instances, node, configuration)
+    }
+    held.discard(None)
+    devices: list[tuple[str, str]] = []
+    healthy = 0
+    for n in sorted(set(range(count)) | held):
+        if n in held or healthy >= claimable:
+            devices.append((cl_device_id(configuration, n), UNHEALTHY))
+        else:
+            devices.append((cl_device_id(configuration, n), HEALTHY))
+            healthy += 1
+    return devices
+
+
+def _check_vdevs(configuration: str, vdevs: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for vdev in vdevs:
+        if parse_cl_device_id(configuration, vdev) is None:
+            raise InvalidDeviceId(vdev, f"not a device of {cl_resource_name(configuration)}")
+        if vdev in seen:
+            raise InvalidDeviceId(vdev, "requested twice in one container request")
+        seen.add(vdev)
+
+
+def _pick_unique(
+    usable: list[InstanceState], exclude: set[str], wanted: int, requested: int
+) -> list[tuple[str, str]]:
+    """One slot on each of `wanted` distinct Instances, most free slots first (ties by name).
+
+    Taking from the Instance with the most free slots keeps more Instances with a free slot,
+    so later unique requests are more likely to find enough distinct devices.
+    """
+    candidates = [s for s in usable if s.name not in exclude and s.free_slots()]
+    candidates.sort(key=lambda s: (-len(s.free_slots()), s.name))
+    if len(candidates) < wanted:
+        raise InsufficientDevices(requested, len(exclude) + len(candidates), unique=True)
+    return [(s.name, s.free_slots()[0]) for s in candidates[:wanted]]
+
+
+def _pick_packed(
+    usable: list[InstanceState], wanted: int, requested: int, reused: int
+) -> list[tuple[str, str]]:
+    """Free slots filling the most-used Instance first (ties by name), lowest index first.
+
+    Packing keeps whole Instances free for requests that need distinct devices.
+    """
+    ordered = sorted(usable, key=lambda s: (-s.used_count(), s.name))
+    slots = [(s.name, key) for s in ordered for key in s.free_slots()]
+    if len(slots) < wanted:
+        raise InsufficientDevices(requested, reused + len(slots), unique=False)
+    return slots[:wanted]
+
+
+def plan_cl_claims(
+    instances: Sequence[InstanceState],
+    node: str,
+    vdevs: Sequence[str],
+    unique: bool,
+    configuration: str,
+) -> list[tuple[str, str, str]]:
+    """(vdev, instance, slot key) for each vdev of one container request, in request order.
+
+    A vdev `node` already holds maps to its existing slot (kubelet re-asks, Akri #843); the
+    caller's claim of it is then ALREADY_OURS. The others get new slots of usable Instances:
+    unique -> distinct Instances, also distinct from those of reused vdevs, or the request is
+    refused whole with InsufficientDevices; packing -> any free slots. The plan only reads;
+    the caller writes each claim with claim_patch and releases what it wrote if a later one
+    fails.
+    """
+    _check_vdevs(configuration, vdevs)
+    held = held_vdevs(instances, node, configuration)
+    plan = {vdev: held[vdev] for vdev in vdevs if vdev in held}
+    new = [vdev for vdev in vdevs if vdev not in plan]
+    if new:
+        usable = usable_instances(instances, node, configuration)
+        if unique:
+            exclude = {name for name, _ in plan.values()}
+            choices = _pick_unique(usable, exclude, len(new), len(vdevs))
+        else:
+            choices = _pick_packed(usable, len(new), len(vdevs), len(plan))
+        plan.update(zip(new, choices, strict=True))
+    return [(vdev, *plan[vdev]) for vdev in vdevs]
+
+
+def _id_order(device_id: str) -> tuple:
+    head, _, tail = device_id.rpartition("-")
+    if tail.isascii() and tail.isdigit():
+        return (0, head, int(tail), device_id)
+    return (1, device_id, 0, device_id)
+
+
+def preferred_allocation(
+    available: Sequence[str], must_include: Sequence[str], size: int
+) -> list[str]:
+    """GetPreferredAllocation: `must_include`, then the lowest-numbered other available ids.
+
+    No unique/packing difference is needed: vdev ids are not tied to Instances (Allocate picks
+    the slots), and IL slot ids of one Instance are interchangeable. Lowest-first keeps the
+    choice deterministic and matches which ids ListAndWatch marks Healthy first.
+    """
+    chosen = list(dict.fromkeys(must_include))
+    rest = sorted((d for d in dict.fromkeys(available) if d not in chosen), key=_id_order)
+    return chosen + rest[: max(0, size - len(chosen))]

@@ -1,0 +1,285 @@
+"""The claim store: claiming and releasing slots as conditional writes to the API server.
+
+The API server is the truth. A claim reads the Instance from the cache, sends a JSON patch
+whose ``test`` ops make it fail rather than overwrite a change it has not seen, and on a
+conflict re-reads the Instance from the API server and decides again: taken by another holder
+is ``SlotTaken``; already ours is success. Only after the API server said yes are the cache
+row and the event row written. Transient errors are retried a bounded number of times with
+jittered backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.utils import timezone
+from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
+
+from agent import metrics
+from agent.domain.claims import (
+    ClaimOutcome,
+    ReleaseOutcome,
+    claim_patch,
+    decide_claim,
+    decide_release,
+    release_patch,
+)
+from agent.domain.errors import SlotChanged, SlotTaken
+from agent.domain.slots import InstanceState
+from agent.kube import cache
+from agent.kube.client import AkriApi, new_api_client, status_of
+from agent.models import AuditEntry, Instance, SlotEvent
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ClaimStore",
+    "ClaimStoreError",
+    "InstanceGone",
+    "SlotChanged",
+    "SlotTaken",
+    "UnknownSlot",
+    "manual_release",
+]
+
+
+class ClaimStoreError(Exception):
+    """The API server could not be written after the bounded retries, or refused for good."""
+
+
+class InstanceGone(ClaimStoreError):
+    """The Instance does not exist (any more)."""
+
+
+class UnknownSlot(ClaimStoreError):
+    """The key is not a slot of the Instance."""
+
+
+# Codes worth retrying as they are; 409/422 mean "re-read and decide" instead.
+_TRANSIENT = {429, 500, 502, 503, 504}
+_CONFLICT = {409, 422}
+
+
+class ClaimStore:
+    """Conditional slot writes for one namespace, on behalf of one actor (a node or a user)."""
+
+    def __init__(
+        self,
+        api: AkriApi,
+        actor: str,
+        *,
+        attempts: int = 6,
+        backoff: float = 0.02,
+        on_applied: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.actor = actor
+        self.attempts = attempts
+        self.backoff = backoff
+        # Called with the API server's answer after the cache took it (agents refresh health).
+        self.on_applied = on_applied
+
+    # --- public -------------------------------------------------------------------------
+    def claim(
+        self,
+        instance: str,
+        key: str,
+        wanted: str,
+        *,
+        cause: str = SlotEvent.Cause.ALLOCATE,
+        node: str = "",
+        pod: str = "",
+        detail: str = "",
+        run: Any = None,
+        current: dict[str, Any] | None = None,
+    ) -> str:
+        """Make ``key`` hold ``wanted``. Returns "claimed" or "already ours".
+
+        Raises ``SlotTaken`` when another holder has it, ``UnknownSlot``, ``InstanceGone`` or
+        ``ClaimStoreError``. ``current`` is the Instance as the caller last saw it (else the cache).
+        """
+        obj = current or self._cached(instance)
+        started = time.perf_counter()
+        for attempt in range(self.attempts):
+            if obj is None:
+                obj = self._read(instance)
+            state = InstanceState.from_object(obj)
+            outcome = decide_claim(state, key, wanted)
+            if outcome is ClaimOutcome.ALREADY_OURS:
+                return "already ours"
+            if outcome is ClaimOutcome.NO_SLOT:
+                raise UnknownSlot(f"{key} is not a slot of Instance {instance}")
+            if outcome in (ClaimOutcome.TAKEN, ClaimOutcome.FOREIGN):
+                raise SlotTaken(key, state.device_usage.get(key, ""))
+            ops = claim_patch(state, key, wanted, obj["metadata"].get("resourceVersion", ""))
+            answer = self._write(instance, ops, attempt)
+            if answer is None:
+                obj = None  # conflict: re-read and decide again
+                continue
+            metrics.CLAIM_SECONDS.labels("claim").observe(time.perf_counter() - started)
+            attribution = cache.Attribution(cause, self.actor, node=node, pod=pod, detail=detail, run=run)
+            self._applied(answer, {key: attribution})
+            return "claimed"
+        raise ClaimStoreError(f"claim of {key} gave up after {self.attempts} conflicting attempts")
+
+    def release(
+        self,
+        instance: str,
+        key: str,
+        expected: str,
+        *,
+        cause: str = SlotEvent.Cause.RELEASE,
+        node: str = "",
+        pod: str = "",
+        detail: str = "",
+        run: Any = None,
+        current: dict[str, Any] | None = None,
+    ) -> str:
+        """Free ``key`` if it still holds ``expected``. Returns "released" or "already free".
+
+        Raises ``SlotChanged`` when it holds something else, ``InstanceGone`` or
+        ``ClaimStoreError``.
+        """
+        obj = current or self._cached(instance)
+        started = time.perf_counter()
+        for attempt in range(self.attempts):
+            if obj is None:
+                obj = self._read(instance)
+            state = InstanceState.from_object(obj)
+            outcome = decide_release(state, key, expected)
+            if outcome in (ReleaseOutcome.ALREADY_FREE, ReleaseOutcome.NO_SLOT):
+                return "already free"
+            if outcome is ReleaseOutcome.CHANGED:
+                raise SlotChanged(key, expected, state.device_usage.get(key, ""))
+            ops = release_patch(state, key, expected, obj["metadata"].get("resourceVersion", ""))
+            answer = self._write(instance, ops, attempt)
+            if answer is None:
+                obj = None
+                continue
+            metrics.CLAIM_SECONDS.labels("release").observe(time.perf_counter() - started)
+            attribution = cache.Attribution(cause, self.actor, node=node, pod=pod, detail=detail, run=run)
+            self._applied(answer, {key: attribution})
+            return "released"
+        raise ClaimStoreError(f"release of {key} gave up after {self.attempts} conflicting attempts")
+
+    # --- steps ----------------------------------------------------------------------------
+    def _cached(self, instance: str) -> dict[str, Any] | None:
+        row = (
+            Instance.objects.filter(namespace=self.api.namespace, name=instance)
+            .values("name", "resource_version", "configuration_name", "capacity", "device_usage", "nodes", "shared")
+            .first()
+        )
+        if row is None or not row["resource_version"]:
+            return None
+        return {
+            "metadata": {"name": row["name"], "resourceVersion": row["resource_version"]},
+            "spec": {
+                "configurationName": row["configuration_name"],
+                "capacity": row["capacity"],
+                "deviceUsage": row["device_usage"],
+                "nodes": row["nodes"],
+                "shared": row["shared"],
+            },
+        }
+
+    def _read(self, instance: str) -> dict[str, Any]:
+        for attempt in range(self.attempts):
+            try:
+                return self.api.get_instance(instance)
+            except ApiException as exc:
+                code, _, message = status_of(exc)
+                if code == 404:
+                    raise InstanceGone(f"Instance {instance} not found") from None
+                if code not in _TRANSIENT or attempt == self.attempts - 1:
+                    raise ClaimStoreError(f"reading Instance {instance}: {code} {message}") from None
+            except HTTPError as exc:
+                if attempt == self.attempts - 1:
+                    raise ClaimStoreError(f"reading Instance {instance}: {exc}") from None
+            self._sleep(attempt)
+        raise ClaimStoreError(f"reading Instance {instance} failed")  # pragma: no cover
+
+    def _write(self, instance: str, ops: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+        """The API server's answer, or None on a conflict (re-read and decide)."""
+        while True:
+            try:
+                return self.api.patch_instance(instance, ops)
+            except ApiException as exc:
+                code, _, message = status_of(exc)
+                if code in _CONFLICT:
+                    return None
+                if code == 404:
+                    raise InstanceGone(f"Instance {instance} not found") from None
+                if code not in _TRANSIENT or attempt >= self.attempts - 1:
+                    raise ClaimStoreError(f"writing Instance {instance}: {code} {message}") from None
+            except HTTPError as exc:
+                if attempt >= self.attempts - 1:
+                    raise ClaimStoreError(f"writing Instance {instance}: {exc}") from None
+            self._sleep(attempt)
+            attempt += 1
+
+    def _sleep(self, attempt: int) -> None:
+        # Full jitter: concurrent claimers that collided spread out instead of colliding again.
+        time.sleep(random.uniform(0, self.backoff * (2**attempt)))
+
+    def _applied(self, answer: dict[str, Any], attributions: dict[str, cache.Attribution]) -> None:
+        try:
+            cache.apply_instance(answer, attributions, direct=True)
+        except Exception:  # the API write stands; the watch will bring the cache along
+            log.exception("cache update after a successful write to %s failed", answer["metadata"]["name"])
+        if self.on_applied is not None:
+            self.on_applied(answer)
+
+
+_web_client_lock = threading.Lock()
+_web_clients: dict[str, AkriApi] = {}
+
+
+def _api_for(namespace: str) -> AkriApi:
+    with _web_client_lock:
+        if namespace not in _web_clients:
+            _web_clients[namespace] = AkriApi(new_api_client(), namespace)
+        return _web_clients[namespace]
+
+
+def manual_release(
+    namespace: str, instance: str, key: str, expected: str, *, user: Any, reason: str, api: AkriApi | None = None
+) -> str:
+    """A person's release of one slot from the admin: conditional, and audited whatever happens."""
+    username = getattr(user, "get_username", lambda: str(user))()
+    store = ClaimStore(api or _api_for(namespace), f"user:{username}")
+    target = f"{namespace}/{instance}/{key}"
+
+    def audit(outcome: str, detail: str) -> None:
+        AuditEntry.objects.create(
+            at=timezone.now(),
+            user=user if getattr(user, "pk", None) else None,
+            username=username,
+            action="release_slot",
+            target=target,
+            holder=expected,
+            reason=reason,
+            outcome=outcome,
+            detail=detail,
+        )
+
+    try:
+        result = store.release(
+            instance, key, expected, cause=SlotEvent.Cause.MANUAL, detail=reason, current=None
+        )
+    except SlotChanged as exc:
+        audit("refused", str(exc))
+        raise
+    except InstanceGone as exc:
+        audit("refused", str(exc))
+        raise SlotChanged(key, expected, "") from exc
+    except ClaimStoreError as exc:
+        audit("failed", str(exc))
+        raise
+    audit("done", result)
+    return result

@@ -1,0 +1,274 @@
+"""List-then-watch loops that keep the ORM cache converging on the API server.
+
+One ``ResourceWatcher`` per kind: it resumes from the last resourceVersion it stored, relists
+when the API server answers 410 Gone (and reconciles against the relist, because deletions in
+the gap were never seen), and loops on clean stream ends, which real servers produce every
+30-60 minutes. Handlers are idempotent, so replaying an event is harmless.
+
+``CacheSync`` wires watchers for Configurations and Instances to the cache and lets agents
+and the controller subscribe to applied changes. Exactly one ``CacheSync`` per database and
+namespace should write the cache; agents in one process share it (``shared_sync``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import close_old_connections
+from django.utils import timezone
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
+
+from agent.kube import cache
+from agent.kube.client import CONFIGURATIONS, GROUP, INSTANCES, VERSION
+from agent.models import SyncState
+
+log = logging.getLogger(__name__)
+
+ListFunc = Callable[..., Any]
+Event = tuple[str, dict[str, Any]]
+
+
+class ResourceWatcher:
+    """Lists, then watches, one kind of object; feeds events to ``on_event`` and relists to
+    ``on_relist``. Run ``run()`` in a thread; ``stop()`` ends it promptly."""
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        kind: str,
+        list_func: ListFunc,
+        list_args: tuple = (),
+        list_kwargs: dict[str, Any] | None = None,
+        on_event: Callable[[str, dict[str, Any]], None],
+        on_relist: Callable[[list[dict[str, Any]]], None],
+        api_client: client.ApiClient,
+        to_dict: bool = False,
+        timeout_seconds: int = 300,
+        persist: bool = True,
+    ) -> None:
+        self.owner, self.kind = owner, kind
+        self.list_func, self.list_args = list_func, list_args
+        self.list_kwargs = list_kwargs or {}
+        self.on_event, self.on_relist = on_event, on_relist
+        self.api_client = api_client
+        # Typed APIs (pods, nodes) return models; handlers want plain dicts either way.
+        self.to_dict = to_dict
+        self.timeout_seconds = timeout_seconds
+        self.persist = persist
+        self.resource_version = ""
+        self.synced = threading.Event()
+        self.relists = 0
+        self._stopping = threading.Event()
+        self._watch: watch.Watch | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.persist:
+            self.resource_version = self._stored_rv()
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if not self.resource_version:
+                    self.relist()
+                self.watch_once()
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("%s/%s: resourceVersion %s expired; relisting", self.owner, self.kind, self.resource_version)
+                    self.resource_version = ""
+                    continue
+                failures += 1
+                log.warning("%s/%s watch failed (%s %s); retrying", self.owner, self.kind, exc.status, exc.reason)
+            except (HTTPError, OSError, ValueError) as exc:
+                if self._stopping.is_set():
+                    break
+                failures += 1
+                log.warning("%s/%s watch connection failed (%s); retrying", self.owner, self.kind, exc)
+            except Exception:
+                if self._stopping.is_set():
+                    break
+                failures += 1
+                log.exception("%s/%s watch handler failed; retrying", self.owner, self.kind)
+            if failures:
+                self._stopping.wait(min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0))
+        close_old_connections()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        current = self._watch
+        if current is not None:
+            current.stop()
+            resp = getattr(current, "_resp", None)
+            if resp is not None:
+                # Unblock the read in the watcher thread now rather than at the next event.
+                try:
+                    resp.shutdown()
+                except Exception:  # noqa: BLE001 - best effort on a socket being torn down
+                    pass
+
+    # --- steps ----------------------------------------------------------------------------
+    def relist(self) -> None:
+        answer = self.list_func(*self.list_args, **self.list_kwargs)
+        if self.to_dict:
+            answer = self.api_client.sanitize_for_serialization(answer)
+        items = answer.get("items") or []
+        self.on_relist(items)
+        self.resource_version = (answer.get("metadata") or {}).get("resourceVersion", "")
+        self.relists += 1
+        self._store_rv(relisted=True)
+        self.synced.set()
+
+    def watch_once(self) -> None:
+        self._watch = watch.Watch()
+        try:
+            stream = self._watch.stream(
+                self.list_func,
+                *self.list_args,
+                resource_version=self.resource_version,
+                timeout_seconds=self.timeout_seconds,
+                allow_watch_bookmarks=True,
+                **self.list_kwargs,
+            )
+            self.synced.set()
+            for event in stream:
+                if self._stopping.is_set():
+                    break
+                kind = event["type"]
+                obj = event["raw_object"] if self.to_dict else event["object"]
+                rv = (obj.get("metadata") or {}).get("resourceVersion", "")
+                if kind != "BOOKMARK":
+                    self.on_event(kind, obj)
+                if rv:
+                    self.resource_version = rv
+                    self._store_rv()
+        finally:
+            self._watch = None
+
+    def _stored_rv(self) -> str:
+        row = SyncState.objects.filter(owner=self.owner, kind=self.kind).first()
+        return row.resource_version if row else ""
+
+    def _store_rv(self, relisted: bool = False) -> None:
+        if not self.persist:
+            return
+        defaults: dict[str, Any] = {"resource_version": self.resource_version, "synced_at": timezone.now()}
+        row, created = SyncState.objects.update_or_create(owner=self.owner, kind=self.kind, defaults=defaults)
+        if relisted:
+            SyncState.objects.filter(pk=row.pk).update(relists=row.relists + 1)
+
+
+Subscriber = Callable[[str, str, dict[str, Any] | None], None]
+
+
+class CacheSync:
+    """Configurations and Instances of one namespace, watched into the cache.
+
+    Subscribers are called as ``fn(kind, name, obj)`` after the cache applied a change;
+    ``obj`` is None when the object was deleted. ``kind`` is "configuration" or "instance".
+    """
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, owner: str, *, timeout_seconds: int = 300) -> None:
+        self.api_client = api_client
+        self.namespace = namespace
+        self.owner = owner
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        custom = client.CustomObjectsApi(api_client)
+        self.configurations = ResourceWatcher(
+            owner=owner,
+            kind=f"{namespace}/configurations",
+            list_func=custom.list_namespaced_custom_object,
+            list_args=(GROUP, VERSION, namespace, CONFIGURATIONS),
+            on_event=self._configuration_event,
+            on_relist=self._configuration_relist,
+            api_client=api_client,
+            timeout_seconds=timeout_seconds,
+        )
+        self.instances = ResourceWatcher(
+            owner=owner,
+            kind=f"{namespace}/instances",
+            list_func=custom.list_namespaced_custom_object,
+            list_args=(GROUP, VERSION, namespace, INSTANCES),
+            on_event=self._instance_event,
+            on_relist=self._instance_relist,
+            api_client=api_client,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def subscribe(self, fn: Subscriber) -> None:
+        with self._lock:
+            self._subscribers.append(fn)
+
+    def unsubscribe(self, fn: Subscriber) -> None:
+        with self._lock:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+
+    def start(self) -> CacheSync:
+        for watcher in (self.configurations, self.instances):
+            thread = threading.Thread(target=watcher.run, name=f"sync-{watcher.kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def wait_synced(self, timeout: float = 10.0) -> bool:
+        return self.configurations.synced.wait(timeout) and self.instances.synced.wait(timeout)
+
+    def stop(self) -> None:
+        self.configurations.stop()
+        self.instances.stop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def applied_directly(self, obj: dict[str, Any]) -> None:
+        """Our own write's answer, already in the cache: tell subscribers now."""
+        self._notify("instance", obj["metadata"]["name"], obj)
+
+    # --- handlers ---------------------------------------------------------------------------
+    def _configuration_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            cache.remove_configuration(self.namespace, name)
+            self._notify("configuration", name, None)
+        else:
+            cache.apply_configuration(obj)
+            self._notify("configuration", name, obj)
+
+    def _configuration_relist(self, items: list[dict[str, Any]]) -> None:
+        cache.replace_all_configurations(self.namespace, items)
+        for obj in items:
+            self._notify("configuration", obj["metadata"]["name"], obj)
+        self._notify("configuration", "", None)  # "" = relisted: subscribers re-read all
+
+    def _instance_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            cache.remove_instance(self.namespace, name)
+            self._notify("instance", name, None)
+            return
+        _, applied = cache.apply_instance(obj)
+        if applied:
+            self._notify("instance", name, obj)
+
+    def _instance_relist(self, items: list[dict[str, Any]]) -> None:
+        cache.replace_all_instances(self.namespace, items)
+        for obj in items:
+            self._notify("instance", obj["metadata"]["name"], obj)
+        self._notify("instance", "", None)
+
+    def _notify(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            try:
+                fn(kind, name, obj)
+            except Exception:
+                log.exception("subscriber %r failed on %s %s", fn, kind, name)

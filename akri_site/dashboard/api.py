@@ -1,0 +1,312 @@
+"""The read-only JSON API: every list the pages show, for scripts and the HTTP fallback.
+
+Configured per view (session auth, viewer role, pagination, django-filter) so that it needs no
+project-wide ``REST_FRAMEWORK`` settings. OpenAPI schema at ``/api/schema/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.urls import path
+from django_filters import rest_framework as filters
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework import serializers, viewsets
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
+from rest_framework.routers import APIRootView, DefaultRouter
+
+from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
+from akri_site.dashboard.access import can_view
+from akri_site.dashboard.slotmap import HELD_LEVELS, slot_state
+
+
+class IsViewer(BasePermission):
+    message = "You need the viewer, operator or admin role."
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return can_view(request.user)
+
+
+class Pagination(PageNumberPagination):
+    page_size = 100
+    page_size_query_param = "page_size"
+    max_page_size = 1000
+
+
+class ConfigurationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Configuration
+        fields = [
+            "id",
+            "namespace",
+            "name",
+            "uid",
+            "resource_version",
+            "generation",
+            "capacity",
+            "unique_devices",
+            "discovery_handler",
+            "error",
+            "deleting",
+            "created_at",
+            "updated_at",
+            "spec",
+        ]
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Instance
+        fields = [
+            "id",
+            "namespace",
+            "name",
+            "uid",
+            "resource_version",
+            "configuration_name",
+            "cdi_name",
+            "capacity",
+            "shared",
+            "nodes",
+            "broker_properties",
+            "device_usage",
+            "deleting",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class SlotSerializer(serializers.ModelSerializer):
+    namespace = serializers.CharField(source="instance.namespace", read_only=True)
+    instance_name = serializers.CharField(source="instance.name", read_only=True)
+    configuration = serializers.CharField(source="instance.configuration_name", read_only=True)
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Slot
+        fields = [
+            "id",
+            "namespace",
+            "instance_name",
+            "configuration",
+            "key",
+            "index",
+            "value",
+            "level",
+            "state",
+            "holder_node",
+            "vdev",
+            "surplus",
+            "since",
+            "pod_namespace",
+            "pod_name",
+            "pod_uid",
+            "container",
+        ]
+
+    def get_state(self, slot: Slot) -> str:
+        return slot_state(slot.level)
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Node
+        fields = ["id", "name", "ready", "ready_since", "not_ready_since", "labels", "deleted"]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ReconcileRun
+        fields = [
+            "id",
+            "scope",
+            "node",
+            "trigger",
+            "started_at",
+            "duration_ms",
+            "checked",
+            "released",
+            "restored",
+            "conflicts",
+            "errors",
+            "detail",
+            "task_id",
+        ]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SlotEvent
+        fields = [
+            "id",
+            "at",
+            "namespace",
+            "instance",
+            "configuration",
+            "slot",
+            "before",
+            "after",
+            "cause",
+            "actor",
+            "node",
+            "pod",
+            "detail",
+            "run",
+        ]
+
+
+class ConfigurationFilter(filters.FilterSet):
+    has_error = filters.BooleanFilter(method="filter_has_error")
+
+    class Meta:
+        model = Configuration
+        fields = ["namespace", "name", "discovery_handler", "deleting"]
+
+    def filter_has_error(self, qs: QuerySet, name: str, value: bool) -> QuerySet:
+        return qs.exclude(error="") if value else qs.filter(error="")
+
+
+class InstanceFilter(filters.FilterSet):
+    configuration = filters.CharFilter(field_name="configuration_name")
+
+    class Meta:
+        model = Instance
+        fields = ["namespace", "name", "configuration", "shared", "deleting"]
+
+
+class SlotFilter(filters.FilterSet):
+    STATES = (("free", "free"), ("held", "held"), ("foreign", "foreign"), ("surplus", "surplus"))
+    state = filters.ChoiceFilter(choices=STATES, method="filter_state")
+    level = filters.ChoiceFilter(choices=Slot.Level.choices)
+    node = filters.CharFilter(field_name="holder_node")
+    namespace = filters.CharFilter(field_name="instance__namespace")
+    instance = filters.CharFilter(field_name="instance__name")
+    configuration = filters.CharFilter(field_name="instance__configuration_name")
+
+    class Meta:
+        model = Slot
+        fields = ["state", "level", "node", "namespace", "instance", "configuration", "surplus"]
+
+    def filter_state(self, qs: QuerySet, name: str, value: str) -> QuerySet:
+        if value == "surplus":
+            return qs.filter(surplus=True)
+        if value == "held":
+            return qs.filter(level__in=HELD_LEVELS)
+        return qs.filter(level=Slot.Level.FOREIGN if value == "foreign" else Slot.Level.FREE)
+
+
+class NodeFilter(filters.FilterSet):
+    class Meta:
+        model = Node
+        fields = ["name", "ready", "deleted"]
+
+
+class RunFilter(filters.FilterSet):
+    scope = filters.ChoiceFilter(choices=ReconcileRun.Scope.choices)
+    trigger = filters.ChoiceFilter(choices=ReconcileRun.Trigger.choices)
+    started_after = filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
+    started_before = filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="lt")
+    changed = filters.BooleanFilter(method="filter_changed")
+
+    class Meta:
+        model = ReconcileRun
+        fields = ["scope", "trigger", "node", "task_id"]
+
+    def filter_changed(self, qs: QuerySet, name: str, value: bool) -> QuerySet:
+        changed = Q(released__gt=0) | Q(restored__gt=0)
+        return qs.filter(changed) if value else qs.exclude(changed)
+
+
+class EventFilter(filters.FilterSet):
+    cause = filters.ChoiceFilter(choices=SlotEvent.Cause.choices)
+    after = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    before_time = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", label="before")
+
+    class Meta:
+        model = SlotEvent
+        fields = ["cause", "namespace", "instance", "configuration", "slot", "node", "actor", "run"]
+
+
+class _ReadOnly(viewsets.ReadOnlyModelViewSet):
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsViewer]
+    pagination_class = Pagination
+    filter_backends = [filters.DjangoFilterBackend]
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    schema = AutoSchema()
+
+
+class ConfigurationViewSet(_ReadOnly):
+    queryset = Configuration.objects.order_by("namespace", "name")
+    serializer_class = ConfigurationSerializer
+    filterset_class = ConfigurationFilter
+
+
+class InstanceViewSet(_ReadOnly):
+    queryset = Instance.objects.order_by("namespace", "name")
+    serializer_class = InstanceSerializer
+    filterset_class = InstanceFilter
+
+
+class SlotViewSet(_ReadOnly):
+    queryset = Slot.objects.select_related("instance").order_by("instance_id", "index", "id")
+    serializer_class = SlotSerializer
+    filterset_class = SlotFilter
+
+
+class NodeViewSet(_ReadOnly):
+    queryset = Node.objects.order_by("name")
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilter
+
+
+class RunViewSet(_ReadOnly):
+    queryset = ReconcileRun.objects.order_by("-started_at", "-id")
+    serializer_class = RunSerializer
+    filterset_class = RunFilter
+
+
+class EventViewSet(_ReadOnly):
+    queryset = SlotEvent.objects.order_by("-at", "-id")
+    serializer_class = EventSerializer
+    filterset_class = EventFilter
+
+
+class SchemaView(SpectacularAPIView):
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsViewer]
+    custom_settings = {
+        "TITLE": "akri-site API",
+        "DESCRIPTION": "Read-only view of the akri-site cluster cache and its history.",
+        "VERSION": "1",
+    }
+
+
+class ApiRoot(APIRootView):
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsViewer]
+    schema = None
+
+
+class Router(DefaultRouter):
+    APIRootView = ApiRoot
+
+
+router = Router()
+router.register("configurations", ConfigurationViewSet, basename="configuration")
+router.register("instances", InstanceViewSet, basename="instance")
+router.register("slots", SlotViewSet, basename="slot")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("runs", RunViewSet, basename="run")
+router.register("events", EventViewSet, basename="event")
+
+app_name = "api"
+urlpatterns = [
+    path("schema/", SchemaView.as_view(), name="schema"),
+    *router.urls,
+]

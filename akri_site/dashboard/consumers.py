@@ -1,0 +1,191 @@
+"""The dashboard's websocket: a snapshot on connect, then deltas from ``live.py``.
+
+Frames from the browser (JSON objects with a ``type``):
+
+* ``{"type": "ping"}`` -> ``{"type": "pong", "sync": {...}, "at": ...}`` (cache freshness too,
+  so a quiet feed on a stopped controller is shown as stale, not as live);
+* ``{"type": "subscribe", "view": "slots", "filters": {"node": "n1", ...}}`` -> a new snapshot
+  narrowed to those filters (the slot map's filters; ``view`` is slots/overview/runs);
+* ``{"type": "refresh"}`` -> a new snapshot.
+
+Anything else (binary, not JSON, not an object, an unknown type, a bad filter) gets an
+``{"type": "error"}`` frame and closes *this* socket with code 4400; other sockets carry on.
+Anonymous users and users without a role are refused before the handshake completes (4403).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qsl
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
+
+from agent.metrics import WEBSOCKET_CLIENTS
+from agent.models import Instance, ReconcileRun
+from akri_site.dashboard import queries
+from akri_site.dashboard.access import can_view
+from akri_site.dashboard.forms import SlotFilterForm
+from akri_site.dashboard.live import LIVE_GROUP
+from akri_site.dashboard.slotmap import base_queryset, iso, narrow, serialize, summary
+
+log = logging.getLogger(__name__)
+
+CLOSE_BAD_FRAME = 4400
+CLOSE_FORBIDDEN = 4403
+MAX_FRAME = 16 * 1024
+# Instances in a snapshot: the page itself was rendered by the server, the snapshot only
+# catches up; beyond this the browser is told to reload instead.
+SNAPSHOT_LIMIT = 500
+SNAPSHOT_RUNS = 20
+
+
+class BadFrame(Exception):
+    """A frame this socket cannot act on; the message is sent to the client."""
+
+
+def _validate(view: Any, filters: Any) -> tuple[str, dict[str, str]]:
+    if not isinstance(filters, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in filters.items()
+    ):
+        raise BadFrame("filters must be an object of strings")
+    view = filters.get("view", view) or "slots"
+    form = SlotFilterForm({**filters, "view": view})
+    if not form.is_valid():
+        problems = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
+        raise BadFrame(f"bad filters: {problems}")
+    return form.cleaned_data["view"] or "slots", form.filters()
+
+
+def _snapshot(view: str, filters: dict[str, str]) -> dict[str, Any]:
+    instances: list[dict[str, Any]] = []
+    truncated = False
+    if view == "slots":
+        qs = base_queryset(filters)
+        for row in serialize(qs):
+            narrowed = narrow(row, filters)
+            if narrowed is None:
+                continue
+            if len(instances) == SNAPSHOT_LIMIT:
+                truncated = True
+                break
+            instances.append(narrowed)
+    recent = ReconcileRun.objects.order_by("-started_at", "-id")[:SNAPSHOT_RUNS]
+    return {
+        "type": "snapshot",
+        "view": view,
+        "filters": filters,
+        "instances": instances,
+        "truncated": truncated,
+        "instance_total": Instance.objects.count(),
+        "runs": list(reversed(queries.runs(recent))),
+        "summary": summary(),
+        "sync": queries.sync_status(),
+        "at": iso(timezone.now()),
+    }
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    view = "slots"
+    filters: dict[str, str]
+    joined = False
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if not await database_sync_to_async(can_view)(user):
+            # Before accept: the handshake is refused (HTTP 403 to the browser).
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.filters = {}
+        await self.accept()
+        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        self.joined = True
+        WEBSOCKET_CLIENTS.inc()
+        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
+        await self._run(self._subscribe, {"view": query.pop("view", "slots"), "filters": query})
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            self.joined = False
+            WEBSOCKET_CLIENTS.dec()
+            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        await self._run(self._dispatch, text_data, bytes_data)
+
+    async def _run(self, handler: Any, *args: Any) -> None:
+        try:
+            await handler(*args)
+        except BadFrame as exc:
+            await self._reject(str(exc))
+
+    async def _dispatch(self, text_data: str | None, bytes_data: bytes | None) -> None:
+        if text_data is None:
+            raise BadFrame("binary frames are not understood")
+        if len(text_data) > MAX_FRAME:
+            raise BadFrame(f"frame larger than {MAX_FRAME} bytes")
+        try:
+            content = json.loads(text_data)
+        except ValueError:
+            raise BadFrame("frame is not JSON") from None
+        if not isinstance(content, dict) or not isinstance(content.get("type"), str):
+            raise BadFrame('a frame is a JSON object with a "type"')
+        kind = content["type"]
+        if kind == "ping":
+            await self.send_json(
+                {"type": "pong", "sync": await self._sync(), "at": iso(timezone.now())}
+            )
+        elif kind == "subscribe":
+            await self._subscribe(content)
+        elif kind == "refresh":
+            await self._send_snapshot()
+        else:
+            raise BadFrame(f"unknown frame type {kind[:40]!r}")
+
+    async def _reject(self, message: str) -> None:
+        log.info("live: closing a websocket: %s", message)
+        await self.send_json({"type": "error", "error": message, "close_code": CLOSE_BAD_FRAME})
+        # A close reason is limited to 123 bytes.
+        await self.close(
+            code=CLOSE_BAD_FRAME, reason=message.encode()[:120].decode(errors="ignore")
+        )
+
+    async def _subscribe(self, content: dict[str, Any]) -> None:
+        self.view, self.filters = await database_sync_to_async(_validate)(
+            content.get("view"), content.get("filters", {})
+        )
+        await self._send_snapshot()
+
+    async def _send_snapshot(self) -> None:
+        await self.send_json(await database_sync_to_async(_snapshot)(self.view, self.filters))
+
+    @database_sync_to_async
+    def _sync(self) -> dict[str, Any]:
+        return queries.sync_status()
+
+    async def live_delta(self, event: dict[str, Any]) -> None:
+        """A ``live.delta`` from the channel layer, narrowed to this socket's filters."""
+        instances: list[dict[str, Any]] = []
+        removed = list(event.get("removed", []))
+        if self.view == "slots":
+            for row in event.get("instances", []):
+                narrowed = narrow(row, self.filters)
+                if narrowed is None:
+                    # No longer (or never) in this view: the page drops it if it shows it.
+                    removed.append(row["key"])
+                else:
+                    instances.append(narrowed)
+        await self.send_json(
+            {
+                "type": "delta",
+                "instances": instances,
+                "removed": removed,
+                "runs": event.get("runs", []),
+                "summary": event.get("summary"),
+                "sync": event.get("sync"),
+                "at": event.get("at"),
+            }
+        )

@@ -1,0 +1,179 @@
+"""Filter forms for the pages and the live feed.
+
+Filters come from the URL (so Back and shared links restore them) or from a websocket
+``subscribe`` frame; both go through these forms. A value that names nothing known is an error
+shown on the page with HTTP 400, never silently ignored: an operator who typos a node name must
+not read "0 slots" as "this node holds nothing".
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.utils import timezone
+
+from agent.models import AuditEntry, Configuration, Instance, Node, ReconcileRun, Slot
+
+STATES = (
+    ("", "any state"),
+    ("free", "free"),
+    ("held", "held"),
+    ("foreign", "foreign value"),
+    ("surplus", "surplus (beyond capacity)"),
+)
+VIEWS = (("slots", "slot map"), ("overview", "overview"), ("runs", "reconciliation"))
+RANGES = (
+    ("1h", "last hour"),
+    ("6h", "last 6 hours"),
+    ("24h", "last 24 hours"),
+    ("7d", "last 7 days"),
+    ("30d", "last 30 days"),
+    ("custom", "custom"),
+)
+RANGE_DELTAS = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+DEFAULT_RANGE = "24h"
+
+
+def _known_nodes() -> set[str]:
+    names = set(Node.objects.values_list("name", flat=True))
+    names.update(Slot.objects.exclude(holder_node="").values_list("holder_node", flat=True))
+    return names
+
+
+def _visible_to(node: str) -> bool:
+    """Does any Instance list ``node``? (Nodes may be missing from the Node cache.)"""
+    return any(node in (nodes or []) for nodes in Instance.objects.values_list("nodes", flat=True))
+
+
+class _PageMixin(forms.Form):
+    page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000)
+
+
+class SlotFilterForm(_PageMixin):
+    """Filters of the slot map and of the live feed."""
+
+    view = forms.ChoiceField(choices=VIEWS, required=False)
+    configuration = forms.CharField(required=False, max_length=253)
+    namespace = forms.CharField(required=False, max_length=253)
+    instance = forms.CharField(required=False, max_length=507, help_text="namespace/name")
+    node = forms.CharField(required=False, max_length=253)
+    state = forms.ChoiceField(choices=STATES, required=False)
+    q = forms.CharField(required=False, max_length=200, label="Instance name contains")
+
+    def clean_configuration(self) -> str:
+        name = self.cleaned_data["configuration"].strip()
+        if name and not (
+            Configuration.objects.filter(name=name).exists()
+            or Instance.objects.filter(configuration_name=name).exists()
+        ):
+            raise forms.ValidationError(f"No Configuration named “{name}” is known.")
+        return name
+
+    def clean_namespace(self) -> str:
+        ns = self.cleaned_data["namespace"].strip()
+        if ns and not (
+            Instance.objects.filter(namespace=ns).exists()
+            or Configuration.objects.filter(namespace=ns).exists()
+        ):
+            raise forms.ValidationError(f"No Configuration or Instance in namespace “{ns}”.")
+        return ns
+
+    def clean_instance(self) -> str:
+        key = self.cleaned_data["instance"].strip()
+        if not key:
+            return ""
+        ns, sep, name = key.partition("/")
+        if not sep or not ns or not name:
+            raise forms.ValidationError("An Instance is written namespace/name.")
+        if not Instance.objects.filter(namespace=ns, name=name).exists():
+            raise forms.ValidationError(f"No Instance {key} is known.")
+        return key
+
+    def clean_node(self) -> str:
+        node = self.cleaned_data["node"].strip()
+        if node and node not in _known_nodes() and not _visible_to(node):
+            raise forms.ValidationError(f"No node named “{node}” is known.")
+        return node
+
+    def filters(self) -> dict[str, str]:
+        """The non-empty slot filters, in a stable order (also the live subscription)."""
+        keys = ("configuration", "namespace", "instance", "node", "state", "q")
+        return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k)}
+
+
+class _RangeMixin(_PageMixin):
+    range = forms.ChoiceField(choices=RANGES, required=False)
+    start = forms.DateTimeField(required=False, label="From (UTC)")
+    end = forms.DateTimeField(required=False, label="To (UTC)")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        start, end = data.get("start"), data.get("end")
+        chosen = data.get("range") or ("custom" if start or end else DEFAULT_RANGE)
+        data["range"] = chosen
+        if chosen == "custom":
+            if not start:
+                self.add_error("start", "A custom range needs a start time.")
+            elif end and end <= start:
+                self.add_error("end", "The end of the range must be after its start.")
+        return data
+
+    def window(self, now: datetime | None = None) -> tuple[datetime, datetime | None]:
+        """(from, to) of the chosen range; ``to`` is None for "until now"."""
+        data = self.cleaned_data
+        if data["range"] == "custom":
+            return data["start"], data.get("end")
+        return (now or timezone.now()) - RANGE_DELTAS[data["range"]], None
+
+
+class RunFilterForm(_RangeMixin):
+    RESULTS = (
+        ("", "any result"),
+        ("changed", "released or restored slots"),
+        ("conflicts", "had conflicts"),
+        ("errors", "had errors"),
+        ("nothing", "changed nothing"),
+    )
+    scope = forms.ChoiceField(
+        choices=[("", "any scope"), *ReconcileRun.Scope.choices], required=False
+    )
+    trigger = forms.ChoiceField(
+        choices=[("", "any trigger"), *ReconcileRun.Trigger.choices], required=False
+    )
+    node = forms.CharField(required=False, max_length=253)
+    result = forms.ChoiceField(choices=RESULTS, required=False)
+
+    # Field order for the page: as an operator reads them.
+    field_order = ["range", "start", "end", "scope", "node", "trigger", "result"]
+
+    def clean_node(self) -> str:
+        node = self.cleaned_data["node"].strip()
+        if (
+            node
+            and not ReconcileRun.objects.filter(node=node).exists()
+            and node not in _known_nodes()
+        ):
+            raise forms.ValidationError(f"No node named “{node}” is known.")
+        return node
+
+
+class AuditFilterForm(_RangeMixin):
+    OUTCOMES = (("", "any outcome"), ("done", "done"), ("refused", "refused"), ("failed", "failed"))
+    user = forms.CharField(required=False, max_length=150)
+    outcome = forms.ChoiceField(choices=OUTCOMES, required=False)
+
+    field_order = ["range", "start", "end", "user", "outcome"]
+
+    def clean_user(self) -> str:
+        name = self.cleaned_data["user"].strip()
+        if name and not AuditEntry.objects.filter(username=name).exists():
+            raise forms.ValidationError(f"No audit entries by “{name}”.")
+        return name

@@ -1,0 +1,242 @@
+"""The live fan-out: cache changes -> channel layer -> every dashboard websocket.
+
+Writers (the controller, the claim store, reconciliation) call ``publish_instances``,
+``publish_removed`` or ``publish_run`` after their database commit, or hand ids to a
+``Coalescer`` that turns a burst of changes into one message per window
+(``AKRI["LIVE_COALESCE_MS"]``). A message carries the *current* rows of the changed Instances,
+read from the cache when it is sent, never the writer's idea of them: a late or repeated
+message can only make the browser more right.
+
+Message on the channel layer (group ``LIVE_GROUP``)::
+
+    {"type": "live.delta", "instances": [instance, ...], "removed": ["ns/name", ...],
+     "runs": [run, ...], "summary": {...}, "sync": {...}, "at": "2026-11-22T05:03:12Z"}
+
+``instance`` and ``run`` are the dicts of ``slotmap.serialize`` and ``queries.run_dict``; each
+websocket narrows ``instances`` to its own filters (``consumers.LiveConsumer``). Publishing never
+raises into the writer: a dashboard that cannot be told must not stop reconciliation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
+
+from agent.models import Instance, ReconcileRun
+from akri_site.dashboard import queries
+from akri_site.dashboard.slotmap import (
+    instance_key,
+    iso,
+    parse_instance_refs,
+    refs_query,
+    serialize,
+    summary,
+)
+
+log = logging.getLogger(__name__)
+
+LIVE_GROUP = "akri.live"
+# Instances per channel-layer message: keeps each message small (Redis, browsers).
+CHUNK = 200
+
+InstanceRef = int | str
+
+
+def build_messages(
+    instances: Iterable[InstanceRef] = (),
+    removed: Iterable[str] = (),
+    runs: Iterable[int] = (),
+) -> list[dict[str, Any]]:
+    """The ``live.delta`` messages describing the current state of what changed."""
+    ids, keys = parse_instance_refs(instances)
+    rows = serialize(Instance.objects.filter(refs_query(ids, keys))) if ids or keys else []
+    found = {row["key"] for row in rows}
+    gone = {instance_key(ns, name) for ns, name in keys} - found
+    _, removed_keys = parse_instance_refs(removed)
+    gone |= {instance_key(ns, name) for ns, name in removed_keys} - found
+    run_rows = queries.runs(ReconcileRun.objects.filter(pk__in=list(runs)).order_by("started_at"))
+    if not (rows or gone or run_rows):
+        return []
+    common = {"summary": summary(), "sync": queries.sync_status(), "at": iso(timezone.now())}
+    chunks = [rows[i : i + CHUNK] for i in range(0, len(rows), CHUNK)] or [[]]
+    messages = [
+        {"type": "live.delta", "instances": c, "removed": [], "runs": []} | common for c in chunks
+    ]
+    messages[-1]["removed"] = sorted(gone)
+    messages[-1]["runs"] = run_rows
+    return messages
+
+
+def send_now(
+    instances: Iterable[InstanceRef] = (),
+    removed: Iterable[str] = (),
+    runs: Iterable[int] = (),
+) -> int:
+    """Read and send at once; the number of messages sent. Logs, never raises."""
+    layer = get_channel_layer()
+    if layer is None:
+        return 0
+    try:
+        messages = build_messages(instances, removed, runs)
+        for message in messages:
+            async_to_sync(layer.group_send)(LIVE_GROUP, message)
+    except Exception:
+        log.exception("live: could not publish a delta")
+        return 0
+    return len(messages)
+
+
+def publish(
+    instances: Iterable[InstanceRef] = (),
+    removed: Iterable[str] = (),
+    runs: Iterable[int] = (),
+) -> None:
+    """Send one delta after the current transaction commits (at once outside a transaction)."""
+    instances, removed, runs = list(instances), list(removed), list(runs)
+    transaction.on_commit(lambda: send_now(instances, removed, runs), robust=True)
+
+
+def publish_instances(refs: Iterable[InstanceRef]) -> None:
+    """The Instances changed: ids, or ``"namespace/name"`` (a bare name: the watched namespace).
+
+    A key whose Instance no longer exists is sent as removed.
+    """
+    publish(instances=refs)
+
+
+def publish_removed(keys: Iterable[str]) -> None:
+    """The Instances ``"namespace/name"`` are gone from the cache."""
+    publish(removed=keys)
+
+
+def publish_run(run_id: int) -> None:
+    """A reconciliation run was recorded (or finished)."""
+    publish(runs=[run_id])
+
+
+class Coalescer:
+    """Collects changes from any thread and publishes one delta per window from its own thread.
+
+    The window starts with the first change after a flush and does not slide, so a steady
+    stream of changes is still shown every ``window_ms``. Call ``add`` after your commit.
+
+        live = Coalescer().start()
+        live.add([instance.pk]); live.add_removed(["default/cam-1a2b3c"]); live.add_run(run.pk)
+        live.stop()   # flushes what is pending
+    """
+
+    def __init__(
+        self,
+        window_ms: int | None = None,
+        send: Callable[..., Any] = send_now,
+    ) -> None:
+        if window_ms is None:
+            window_ms = int(settings.AKRI.get("LIVE_COALESCE_MS", 150))
+        self.window = max(window_ms, 0) / 1000.0
+        self._send = send
+        self._cond = threading.Condition()
+        self._instances: set[InstanceRef] = set()
+        self._removed: set[str] = set()
+        self._runs: set[int] = set()
+        self._first_at: float | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.flushes = 0
+
+    def add(self, refs: Iterable[InstanceRef]) -> None:
+        self._put(self._instances, refs)
+
+    def add_removed(self, keys: Iterable[str]) -> None:
+        self._put(self._removed, keys)
+
+    def add_run(self, run_id: int) -> None:
+        self._put(self._runs, [run_id])
+
+    def _put(self, target: set, items: Iterable[Any]) -> None:
+        with self._cond:
+            before = len(target)
+            target.update(items)
+            if len(target) != before and self._first_at is None:
+                self._first_at = time.monotonic()
+                self._cond.notify_all()
+
+    def pending(self) -> bool:
+        with self._cond:
+            return bool(self._instances or self._removed or self._runs)
+
+    def _take(self) -> dict[str, list[Any]]:
+        batch = {
+            "instances": list(self._instances),
+            "removed": sorted(self._removed),
+            "runs": sorted(self._runs),
+        }
+        self._instances, self._removed, self._runs = set(), set(), set()
+        self._first_at = None
+        return batch
+
+    def flush(self) -> bool:
+        """Publish what is pending now, from the calling thread. Whether anything was sent."""
+        with self._cond:
+            if not (self._instances or self._removed or self._runs):
+                return False
+            batch = self._take()
+        self._deliver(batch)
+        return True
+
+    def _deliver(self, batch: dict[str, list[Any]]) -> None:
+        try:
+            self._send(**batch)
+        except Exception:
+            log.exception("live: coalesced publish failed")
+        self.flushes += 1
+
+    def start(self) -> Coalescer:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="live-coalescer", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            if not flush:
+                self._take()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> Coalescer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while self._first_at is None and not self._stopping:
+                        self._cond.wait()
+                    if self._first_at is None:  # stopping, nothing pending
+                        return
+                    while not self._stopping:
+                        left = self._first_at + self.window - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    batch = self._take()
+                close_old_connections()
+                self._deliver(batch)
+        finally:
+            # This thread's own database connection.
+            connection.close()

@@ -1,0 +1,271 @@
+"""Read-side helpers of the pages: overview numbers, alerts, history rows, cache freshness.
+
+Plain functions over the ORM cache; views call one of these and render.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.urls import reverse
+from django.utils import timezone
+
+from agent.models import (
+    Configuration,
+    Instance,
+    Node,
+    ReconcileRun,
+    Slot,
+    SlotEvent,
+    SyncState,
+)
+from akri_site.dashboard.slotmap import iso, summary
+
+RECENT_EVENTS = 50
+ALERT_WINDOW = timedelta(hours=1)
+_RUN_FIELDS = (
+    "id",
+    "scope",
+    "node",
+    "trigger",
+    "started_at",
+    "duration_ms",
+    "checked",
+    "released",
+    "restored",
+    "conflicts",
+    "errors",
+    "detail",
+    "task_id",
+)
+
+
+def stale_after() -> float:
+    """Seconds without a watcher sync after which the cache is called stale."""
+    return float(settings.AKRI.get("STALE_SECONDS", 60))
+
+
+def run_dict(run: dict[str, Any]) -> dict[str, Any]:
+    """A ReconcileRun as the pages and the live feed show it (from ``values()``)."""
+    changed = run["released"] + run["restored"]
+    if run["errors"]:
+        result = "errors"
+    elif run["conflicts"]:
+        result = "conflicts"
+    elif changed:
+        result = "changed"
+    else:
+        result = "nothing"
+    return {
+        **{k: run[k] for k in _RUN_FIELDS if k != "started_at"},
+        "started_at": iso(run["started_at"]),
+        "result": result,
+        "url": reverse("dashboard:run", args=[run["id"]]),
+    }
+
+
+def run_values(qs: QuerySet[ReconcileRun]) -> QuerySet:
+    return qs.values(*_RUN_FIELDS)
+
+
+def runs(qs: QuerySet[ReconcileRun]) -> list[dict[str, Any]]:
+    return [run_dict(r) for r in run_values(qs)]
+
+
+def filter_runs(data: dict[str, Any], start: datetime, end: datetime | None) -> QuerySet:
+    qs = ReconcileRun.objects.filter(started_at__gte=start)
+    if end:
+        qs = qs.filter(started_at__lt=end)
+    for field in ("scope", "node", "trigger"):
+        if data.get(field):
+            qs = qs.filter(**{field: data[field]})
+    result = data.get("result")
+    if result == "changed":
+        qs = qs.filter(Q(released__gt=0) | Q(restored__gt=0))
+    elif result == "conflicts":
+        qs = qs.filter(conflicts__gt=0)
+    elif result == "errors":
+        qs = qs.filter(errors__gt=0)
+    elif result == "nothing":
+        qs = qs.filter(released=0, restored=0, conflicts=0, errors=0)
+    return qs
+
+
+def sync_status(now: datetime | None = None) -> dict[str, Any]:
+    """How fresh the cache is: every watcher's last sync, and which are stale."""
+    now = now or timezone.now()
+    limit = now - timedelta(seconds=stale_after())
+    watchers = list(
+        SyncState.objects.order_by("owner", "kind").values("owner", "kind", "synced_at")
+    )
+    stale = [w for w in watchers if w["synced_at"] is None or w["synced_at"] < limit]
+    synced = [w["synced_at"] for w in watchers if w["synced_at"] is not None]
+    stale_times = [w["synced_at"] for w in stale if w["synced_at"] is not None]
+    return {
+        "watchers": len(watchers),
+        "stale": [
+            {"owner": w["owner"], "kind": w["kind"], "synced_at": iso(w["synced_at"])}
+            for w in stale
+        ],
+        "oldest_synced_at": iso(min(synced)) if synced else None,
+        # None while nothing is stale, or when the stale watchers never synced at all.
+        "stale_since": iso(min(stale_times)) if stale_times else None,
+        "stale_after": stale_after(),
+    }
+
+
+def last_run() -> dict[str, Any] | None:
+    found = runs(ReconcileRun.objects.order_by("-started_at", "-id")[:1])
+    return found[0] if found else None
+
+
+def recent_events(qs: QuerySet[SlotEvent], limit: int = RECENT_EVENTS) -> list[SlotEvent]:
+    return list(qs.select_related("run").order_by("-at", "-id")[:limit])
+
+
+def alerts(now: datetime | None = None) -> list[dict[str, Any]]:
+    """What needs a person, worst first. Each alert says what and where, in words."""
+    now = now or timezone.now()
+    found: list[dict[str, Any]] = []
+    for conf in Configuration.objects.exclude(error="").values("namespace", "name", "error"):
+        found.append(
+            {
+                "level": "error",
+                "title": f"Configuration {conf['namespace']}/{conf['name']} cannot be used",
+                "detail": conf["error"],
+                "url": reverse("dashboard:configuration", args=[conf["namespace"], conf["name"]]),
+            }
+        )
+    since = now - ALERT_WINDOW
+    errored = ReconcileRun.objects.filter(started_at__gte=since, errors__gt=0)
+    if errored.exists():
+        found.append(
+            {
+                "level": "error",
+                "title": f"{errored.count()} reconciliation runs with errors in the last hour",
+                "detail": "",
+                "url": reverse("dashboard:runs") + "?range=1h&result=errors",
+            }
+        )
+    sync = sync_status(now)
+    if not sync["watchers"]:
+        found.append(
+            {
+                "level": "warning",
+                "title": "No watcher has synced the cache yet",
+                "detail": "Is the controller running? What you see may not be the cluster.",
+                "url": "",
+            }
+        )
+    for watcher in sync["stale"]:
+        when = watcher["synced_at"] or "never"
+        found.append(
+            {
+                "level": "warning",
+                "title": f"Stale data: {watcher['owner']} / {watcher['kind']}",
+                "detail": f"last synced {when} (older than {sync['stale_after']:.0f} s)",
+                "synced_at": watcher["synced_at"],
+                "url": "",
+            }
+        )
+    foreign = Slot.objects.filter(level=Slot.Level.FOREIGN)
+    n_foreign = foreign.count()
+    if n_foreign:
+        examples = ", ".join(
+            f"{key}={value!r}" for key, value in foreign.values_list("key", "value")[:3]
+        )
+        found.append(
+            {
+                "level": "warning",
+                "title": f"{n_foreign} slots hold a value that is not a node nor C:vdev:node",
+                "detail": examples,
+                "url": reverse("dashboard:slots") + "?state=foreign",
+            }
+        )
+    conflicts = SlotEvent.objects.filter(at__gte=since, cause=SlotEvent.Cause.CONFLICT).count()
+    run_conflicts = ReconcileRun.objects.filter(started_at__gte=since, conflicts__gt=0).count()
+    if conflicts or run_conflicts:
+        found.append(
+            {
+                "level": "warning",
+                "title": f"Conflicts in the last hour: {conflicts} slot events, "
+                f"{run_conflicts} reconciliation runs",
+                "detail": "A conflict means two writers raced for a slot; the API server decided.",
+                "url": reverse("dashboard:runs") + "?range=1h&result=conflicts",
+            }
+        )
+    not_ready = list(Node.objects.filter(ready=False, deleted=False).values_list("name", flat=True))
+    holding = set(
+        Slot.objects.filter(holder_node__in=not_ready)
+        .values_list("holder_node", flat=True)
+        .distinct()
+    )
+    for node in sorted(holding):
+        found.append(
+            {
+                "level": "warning",
+                "title": f"Node {node} is not Ready and still holds slots",
+                "detail": "Cluster reconciliation frees them after the node-gone grace.",
+                "url": reverse("dashboard:node", args=[node]),
+            }
+        )
+    held_surplus = Slot.objects.filter(surplus=True).exclude(level=Slot.Level.FREE).count()
+    if held_surplus:
+        found.append(
+            {
+                "level": "info",
+                "title": f"{held_surplus} slots beyond capacity are still held",
+                "detail": "Capacity shrank under their holders; they go once released.",
+                "url": reverse("dashboard:slots") + "?state=surplus",
+            }
+        )
+    return found
+
+
+def overview() -> dict[str, Any]:
+    counts = summary()
+    configurations = list(
+        Configuration.objects.order_by("namespace", "name").values(
+            "namespace", "name", "capacity", "unique_devices", "discovery_handler", "error"
+        )
+    )
+    instance_counts: dict[str, int] = {}
+    visible: dict[str, int] = {}
+    for conf, nodes in Instance.objects.values_list("configuration_name", "nodes"):
+        instance_counts[conf] = instance_counts.get(conf, 0) + 1
+        for node in nodes or []:
+            visible[node] = visible.get(node, 0) + 1
+    empty = {"total": 0, "held": 0, "free": 0, "foreign": 0, "surplus": 0}
+    known = {c["name"] for c in configurations}
+    for conf in configurations:
+        conf["counts"] = counts["configurations"].get(conf["name"], empty)
+        conf["instances"] = instance_counts.get(conf["name"], 0)
+    # Instances whose Configuration is not (or no longer) in the cache still hold slots.
+    orphans = [
+        {"name": name, "counts": c, "instances": instance_counts.get(name, 0), "orphan": True}
+        for name, c in counts["configurations"].items()
+        if name not in known
+    ]
+    nodes = list(Node.objects.values("name", "ready", "deleted", "not_ready_since"))
+    names = {n["name"] for n in nodes}
+    nodes += [
+        {"name": name, "ready": None, "deleted": False, "not_ready_since": None}
+        for name in sorted((set(counts["nodes"]) | set(visible)) - names)
+    ]
+    for node in nodes:
+        node["held"] = counts["nodes"].get(node["name"], {"IL": 0, "CL": 0, "held": 0})
+        node["visible"] = visible.get(node["name"], 0)
+    return {
+        "summary": counts,
+        "configurations": configurations,
+        "orphans": orphans,
+        "nodes": nodes,
+        "n_instances": sum(instance_counts.values()),
+        "n_nodes_ready": sum(1 for n in nodes if n["ready"]),
+        "last_run": last_run(),
+        "alerts": alerts(),
+        "sync": sync_status(),
+    }

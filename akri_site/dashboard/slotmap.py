@@ -1,0 +1,266 @@
+"""The slot map: every Instance's slots as plain dicts, for pages, the live feed and tests.
+
+One shape serves the server-rendered page and the websocket (``live.py``), so that a delta
+applied in the browser shows exactly what a reload would. Reads are two queries whatever the
+number of Instances (``values()`` and no per-row lookups): the map must stay fast at thousands
+of Instances.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet
+
+from agent.models import Instance, Slot
+
+HELD_LEVELS = (Slot.Level.IL, Slot.Level.CL)
+_INSTANCE_FIELDS = (
+    "id",
+    "namespace",
+    "name",
+    "configuration_name",
+    "capacity",
+    "shared",
+    "nodes",
+    "deleting",
+)
+_SLOT_FIELDS = (
+    "id",
+    "instance_id",
+    "key",
+    "index",
+    "value",
+    "level",
+    "holder_node",
+    "vdev",
+    "surplus",
+    "since",
+    "pod_namespace",
+    "pod_name",
+    "pod_uid",
+    "container",
+)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """UTC ISO 8601 with a Z, the one time format the pages and the feed carry."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def slot_state(level: str, surplus: bool = False) -> str:
+    """free / held / foreign: what an operator asks first. Surplus is a separate flag."""
+    if level in HELD_LEVELS:
+        return "held"
+    if level == Slot.Level.FOREIGN:
+        return "foreign"
+    return "free"
+
+
+def _slot_dict(row: Mapping[str, Any]) -> dict[str, Any]:
+    pod = f"{row['pod_namespace']}/{row['pod_name']}" if row["pod_name"] else ""
+    return {
+        "id": row["id"],
+        "key": row["key"],
+        "index": row["index"],
+        "value": row["value"],
+        "level": row["level"],
+        "state": slot_state(row["level"]),
+        "node": row["holder_node"],
+        "vdev": row["vdev"],
+        "surplus": row["surplus"],
+        "since": iso(row["since"]),
+        "pod": pod,
+        "pod_uid": row["pod_uid"],
+        "container": row["container"],
+    }
+
+
+def instance_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def parse_instance_refs(refs: Iterable[int | str]) -> tuple[set[int], set[tuple[str, str]]]:
+    """Split Instance references into ids and (namespace, name) keys.
+
+    ``"ns/name"`` is a key; a bare ``"name"`` is in the watched namespace (``AKRI["NAMESPACE"]``).
+    """
+    ids: set[int] = set()
+    keys: set[tuple[str, str]] = set()
+    default_ns = settings.AKRI.get("NAMESPACE", "default")
+    for ref in refs:
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            ids.add(ref)
+        elif isinstance(ref, str) and ref:
+            ns, sep, name = ref.partition("/")
+            keys.add((ns, name) if sep else (default_ns, ref))
+        else:
+            raise TypeError(f"an Instance reference is an id or 'namespace/name', not {ref!r}")
+    return ids, keys
+
+
+def refs_query(ids: set[int], keys: set[tuple[str, str]]) -> Q:
+    query = Q(pk__in=ids) if ids else Q(pk__in=[])
+    for ns, name in keys:
+        query |= Q(namespace=ns, name=name)
+    return query
+
+
+def serialize(instances: QuerySet[Instance]) -> list[dict[str, Any]]:
+    """All slots of the given Instances, ordered by Configuration, namespace, name, slot index."""
+    rows = list(
+        instances.order_by("configuration_name", "namespace", "name").values(*_INSTANCE_FIELDS)
+    )
+    slots: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    slot_rows = (
+        Slot.objects.filter(instance__in=instances.values("pk"))
+        .order_by("instance_id", "index", "key")
+        .values(*_SLOT_FIELDS)
+    )
+    for slot in slot_rows:
+        slots[slot["instance_id"]].append(_slot_dict(slot))
+    result = []
+    for row in rows:
+        own = slots.get(row["id"], [])
+        result.append(
+            {
+                "id": row["id"],
+                "key": instance_key(row["namespace"], row["name"]),
+                "namespace": row["namespace"],
+                "name": row["name"],
+                "configuration": row["configuration_name"],
+                "capacity": row["capacity"],
+                "shared": row["shared"],
+                "nodes": list(row["nodes"] or []),
+                "deleting": row["deleting"],
+                "counts": count_slots(own),
+                "slots": own,
+            }
+        )
+    return result
+
+
+def count_slots(slots: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    counts = {"total": 0, "held": 0, "free": 0, "foreign": 0, "surplus": 0}
+    for slot in slots:
+        counts["total"] += 1
+        counts[slot["state"]] += 1
+        counts["surplus"] += bool(slot["surplus"])
+    return counts
+
+
+def base_queryset(filters: Mapping[str, str]) -> QuerySet[Instance]:
+    """The SQL part of the filters: which Instances can match at all."""
+    qs = Instance.objects.all()
+    if filters.get("configuration"):
+        qs = qs.filter(configuration_name=filters["configuration"])
+    if filters.get("namespace"):
+        qs = qs.filter(namespace=filters["namespace"])
+    if filters.get("instance"):
+        ns, _, name = filters["instance"].partition("/")
+        qs = qs.filter(namespace=ns, name=name)
+    if filters.get("q"):
+        qs = qs.filter(name__icontains=filters["q"])
+    return qs
+
+
+def slot_matches(
+    slot: Mapping[str, Any], instance: Mapping[str, Any], f: Mapping[str, str]
+) -> bool:
+    state = f.get("state")
+    if state == "surplus":
+        if not slot["surplus"]:
+            return False
+    elif state and slot["state"] != state:
+        return False
+    node = f.get("node")
+    # A node's view: what it holds anywhere, and every slot of the Instances it can see
+    # (who else holds them explains why it cannot).
+    return not node or slot["node"] == node or node in instance["nodes"]
+
+
+def narrow(instance: Mapping[str, Any], f: Mapping[str, str]) -> dict[str, Any] | None:
+    """The Instance with only the slots matching ``f``; None when nothing of it matches."""
+    for key in ("configuration", "namespace"):
+        wanted = f.get(key)
+        if wanted and instance[key] != wanted:
+            return None
+    if f.get("instance") and instance["key"] != f["instance"]:
+        return None
+    if f.get("q") and f["q"].lower() not in instance["name"].lower():
+        return None
+    if not (f.get("state") or f.get("node")):
+        return dict(instance)
+    shown = [s for s in instance["slots"] if slot_matches(s, instance, f)]
+    # An Instance a node can see but with no slot rows yet still belongs to that node's view.
+    if shown or (not f.get("state") and f.get("node") in instance["nodes"]):
+        return {**instance, "slots": shown}
+    return None
+
+
+def slot_map(filters: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Instances matching ``filters``, each narrowed to its matching slots."""
+    result = []
+    for instance in serialize(base_queryset(filters)):
+        narrowed = narrow(instance, filters)
+        if narrowed is not None:
+            result.append(narrowed)
+    return result
+
+
+def group_by_configuration(
+    instances: list[dict[str, Any]], counts: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """[{name, instances, shown, counts}] in the order of the (already sorted) Instances.
+
+    ``counts`` is ``summary()``; without it each group counts only the Instances given.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for instance in instances:
+        name = instance["configuration"]
+        if name not in groups:
+            whole = (counts or {}).get("configurations", {}).get(name)
+            groups[name] = {"name": name, "instances": [], "shown": 0, "counts": whole}
+        group = groups[name]
+        group["instances"].append(instance)
+        group["shown"] += len(instance["slots"])
+    for group in groups.values():
+        if group["counts"] is None:
+            group["counts"] = count_slots(s for i in group["instances"] for s in i["slots"])
+    return list(groups.values())
+
+
+def summary() -> dict[str, Any]:
+    """Slot counts per Configuration and per holder node, over the whole cache."""
+    per_config: dict[str, dict[str, int]] = {}
+    per_node: dict[str, dict[str, int]] = {}
+    totals = {"total": 0, "held": 0, "free": 0, "foreign": 0, "surplus": 0}
+    rows = Slot.objects.values(
+        "instance__configuration_name", "level", "surplus", "holder_node"
+    ).annotate(n=Count("id"))
+    for row in rows:
+        state = slot_state(row["level"])
+        config = per_config.setdefault(
+            row["instance__configuration_name"],
+            {"total": 0, "held": 0, "free": 0, "foreign": 0, "surplus": 0},
+        )
+        for bucket in (config, totals):
+            bucket["total"] += row["n"]
+            bucket[state] += row["n"]
+            if row["surplus"]:
+                bucket["surplus"] += row["n"]
+        if state == "held" and row["holder_node"]:
+            node = per_node.setdefault(row["holder_node"], {"IL": 0, "CL": 0, "held": 0})
+            node[row["level"]] += row["n"]
+            node["held"] += row["n"]
+    return {
+        "totals": totals,
+        "configurations": dict(sorted(per_config.items())),
+        "nodes": dict(sorted(per_node.items())),
+    }

@@ -1,0 +1,20 @@
+from django.urls import path
+
+from akri_site.dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("slots/", views.slot_map, name="slots"),
+    path("instances/<str:namespace>/<str:name>/", views.instance_detail, name="instance"),
+    path(
+        "configurations/<str:namespace>/<str:name>/",
+        views.configuration_detail,
+        name="configuration",
+    ),
+    path("nodes/<str:name>/", views.node_detail, name="node"),
+    path("reconciliation/", views.runs, name="runs"),
+    path("reconciliation/<int:pk>/", views.run_detail, name="run"),
+    path("audit/", views.audit, name="audit"),
+]

@@ -1,0 +1,119 @@
+"""Watching Configurations and Instances into the ORM cache, over real HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.bench.claims import instance_body
+from agent.kube.client import AkriApi
+from agent.kube.watch import CacheSync
+from agent.models import Configuration, Instance, Slot, SyncState
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
+
+
+def configuration_body(name: str, **spec) -> dict:
+    base = {
+        "discoveryHandler": {"name": "debugEcho", "discoveryDetails": "descriptions:\n- foo0\n- foo1\n"},
+        "capacity": 2,
+    }
+    base.update(spec)
+    return {"apiVersion": "akri.sh/v0", "kind": "Configuration", "metadata": {"name": name}, "spec": base}
+
+
+@pytest.fixture
+def api(kube):
+    return AkriApi(kube.api_client, kube.namespace)
+
+
+@pytest.fixture
+def sync(kube):
+    sync = CacheSync(kube.new_client(), kube.namespace, owner="test", timeout_seconds=5)
+    yield sync
+    sync.stop()
+
+
+def test_it_lists_then_watches_into_the_cache(api, sync, kube):
+    api.create_configuration(configuration_body("cams"))
+    api.create_instance(instance_body("cams-8120fe", 2, configuration="cams"))
+    seen = []
+    sync.subscribe(lambda kind, name, obj: seen.append((kind, name)))
+
+    sync.start()
+    assert sync.wait_synced()
+    kube.wait_for(lambda: Instance.objects.filter(name="cams-8120fe").exists())
+    assert Configuration.objects.get(name="cams").capacity == 2
+    assert Slot.objects.filter(instance__name="cams-8120fe").count() == 2
+
+    api.patch_instance("cams-8120fe", [{"op": "replace", "path": "/spec/deviceUsage/cams-8120fe-1", "value": "node-b"}])
+    kube.wait_for(lambda: Slot.objects.get(key="cams-8120fe-1").value == "node-b")
+    slot = Slot.objects.get(key="cams-8120fe-1")
+    assert (slot.level, slot.holder_node) == ("IL", "node-b")
+    assert ("instance", "cams-8120fe") in seen
+
+    api.custom.delete_namespaced_custom_object("akri.sh", "v0", kube.namespace, "instances", "cams-8120fe")
+    kube.wait_for(lambda: not Instance.objects.filter(name="cams-8120fe").exists())
+
+
+def test_a_malformed_configuration_is_kept_with_a_clear_error(api, sync, kube):
+    sync.start()
+    sync.wait_synced()
+    api.create_configuration(configuration_body("broken", discoveryHandler={"discoveryDetails": "x"}))
+
+    kube.wait_for(lambda: Configuration.objects.filter(name="broken").exists())
+    row = Configuration.objects.get(name="broken")
+    assert "discoveryHandler.name is required" in row.error
+
+
+def test_it_resumes_from_the_stored_resource_version(api, kube):
+    first = CacheSync(kube.new_client(), kube.namespace, owner="resume", timeout_seconds=5).start()
+    first.wait_synced()
+    api.create_instance(instance_body("cams-a19705", 1, configuration="cams"))
+    kube.wait_for(lambda: Instance.objects.filter(name="cams-a19705").exists())
+    first.stop()
+    relists = first.instances.relists
+
+    # While nobody watches, the Instance changes; a new sync resumes and catches up.
+    api.patch_instance("cams-a19705", [{"op": "replace", "path": "/spec/deviceUsage/cams-a19705-0", "value": "node-c"}])
+    second = CacheSync(kube.new_client(), kube.namespace, owner="resume", timeout_seconds=5).start()
+    try:
+        kube.wait_for(lambda: Slot.objects.get(key="cams-a19705-0").value == "node-c")
+        assert second.instances.relists == 0, "resumed from the stored version, no relist"
+        assert relists == 1
+    finally:
+        second.stop()
+
+
+def test_it_relists_when_the_version_is_too_old(api, kube):
+    if kube.simulator is None:
+        pytest.skip("forcing 410 Gone needs the simulator's history knob")
+    SyncState.objects.create(owner="gone", kind=f"{kube.namespace}/instances", resource_version="1")
+    Instance.objects.create(namespace=kube.namespace, name="ghost-000000", configuration_name="cams")
+    api.create_instance(instance_body("cams-d46b65", 1, configuration="cams"))
+    kube.simulator.set_history_limit(1)
+    for value in ("a", "b", "c"):
+        api.patch_instance("cams-d46b65", [{"op": "replace", "path": "/spec/deviceUsage/cams-d46b65-0", "value": value}])
+    sync = CacheSync(kube.new_client(), kube.namespace, owner="gone", timeout_seconds=5).start()
+    try:
+        kube.wait_for(lambda: sync.instances.relists >= 1)
+        kube.wait_for(lambda: Slot.objects.filter(key="cams-d46b65-0", value="c").exists())
+        # The relist is the truth: what it no longer has is gone from the cache.
+        assert not Instance.objects.filter(name="ghost-000000").exists()
+    finally:
+        sync.stop()
+        kube.simulator.set_history_limit(10000)
+
+
+def test_applying_the_same_state_twice_changes_nothing(api, kube):
+    from agent.kube import cache
+    from agent.models import SlotEvent
+
+    obj = api.create_instance(instance_body("cams-ab76e6", 2, configuration="cams"))
+    obj = api.patch_instance("cams-ab76e6", [{"op": "replace", "path": "/spec/deviceUsage/cams-ab76e6-0", "value": "node-a"}])
+    cache.apply_instance(obj)
+    events = SlotEvent.objects.count()
+
+    cache.apply_instance(obj)
+
+    assert SlotEvent.objects.count() == events
+    assert Slot.objects.get(key="cams-ab76e6-0").value == "node-a"

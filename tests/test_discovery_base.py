@@ -1,0 +1,208 @@
+"""The discovery interface: devices, validation, the publisher every session uses, the registry."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from agent.discovery.base import (
+    MAX_PROPERTIES_PER_DEVICE,
+    MAX_PROPERTY_NAME_LENGTH,
+    MAX_PROPERTY_VALUE_BYTES,
+    DevicePublisher,
+    DeviceSpec,
+    DiscoveredDevice,
+    HandlerRegistry,
+    InvalidDeviceList,
+    Mount,
+    PollingSession,
+    validate_devices,
+)
+
+
+class Recorder:
+    """Collects a session's callbacks and waits, with a bound, for what a test expects."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.lists: list[list[DiscoveredDevice]] = []
+        self.errors: list[str] = []
+
+    def on_devices(self, devices: list[DiscoveredDevice]) -> None:
+        with self.cond:
+            self.lists.append(devices)
+            self.cond.notify_all()
+
+    def on_error(self, message: str) -> None:
+        with self.cond:
+            self.errors.append(message)
+            self.cond.notify_all()
+
+    @property
+    def ids(self) -> list[str] | None:
+        with self.cond:
+            return [d.id for d in self.lists[-1]] if self.lists else None
+
+    def wait_for(self, predicate: Callable[[Recorder], bool], timeout: float = 5.0) -> None:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: predicate(self), timeout)
+        assert ok, f"timed out; lists={self.lists} errors={self.errors}"
+
+    def wait_for_ids(self, ids: list[str], timeout: float = 5.0) -> None:
+        self.wait_for(lambda r: r.ids == ids, timeout)
+
+
+def device(id: str, **properties: str) -> DiscoveredDevice:
+    return DiscoveredDevice(id=id, properties=properties)
+
+
+def test_a_device_is_hashable_and_its_properties_compare_to_a_dict():
+    a = DiscoveredDevice(
+        "cam",
+        {"B": "2", "A": "1"},
+        mounts=[Mount("/c", "/h", True)],
+        device_specs=[DeviceSpec("/dev/x", "/dev/x", "rw")],
+    )
+    b = DiscoveredDevice("cam", {"A": "1", "B": "2"}, (Mount("/c", "/h", True),), (a.device_specs))
+    assert a == b and hash(a) == hash(b)
+    assert a.properties == {"A": "1", "B": "2"}
+    assert list(a.properties) == ["A", "B"]
+    assert isinstance(a.mounts, tuple)
+    with pytest.raises(TypeError):
+        a.properties["C"] = "3"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        ([device("")], "empty id"),
+        ([device("a"), device("a")], "more than once"),
+        ([device("a", **{"A" * (MAX_PROPERTY_NAME_LENGTH + 1): "x"})], "longer than"),
+        ([device("a", V="x" * (MAX_PROPERTY_VALUE_BYTES + 1))], "more than 16384"),
+        (
+            [device("a", **{f"P{i}": "x" for i in range(MAX_PROPERTIES_PER_DEVICE + 1)})],
+            "more than 128",
+        ),
+        ([device("a", **{"1ABC": "x"})], "not a valid environment variable name"),
+        ([device("a", **{"A B": "x"})], "not a valid environment variable name"),
+        ([DiscoveredDevice("a", mounts=(Mount("rel", "/h"),))], "not an absolute path"),
+        ([DiscoveredDevice("a", device_specs=(DeviceSpec("/d", "/d", "rx"),))], "r, w and m"),
+        ([DiscoveredDevice("a", device_specs=(DeviceSpec("/d", "/d", ""),))], "r, w and m"),
+    ],
+)
+def test_it_refuses_invalid_device_lists(devices, message):
+    with pytest.raises(InvalidDeviceList, match=message):
+        validate_devices(devices)
+
+
+def test_it_accepts_env_names_akri_handlers_emit_and_values_at_the_limit():
+    validate_devices(
+        [
+            device(
+                "/devices/x",
+                **{
+                    "USB_RESOURCE_AKRI_SH_UDEV-USB-KEYBOARD": "1",
+                    "a.b": "2",
+                    "_X": "y" * MAX_PROPERTY_VALUE_BYTES,
+                },
+            ),
+            DiscoveredDevice("b", device_specs=(DeviceSpec("/dev/b", "/dev/b", "rwm"),)),
+        ]
+    )
+
+
+def test_the_publisher_delivers_only_changes_sorted_by_id():
+    rec = Recorder()
+    pub = DevicePublisher("h", rec.on_devices, rec.on_error)
+    assert pub.publish([]) is True  # the first list always goes, even an empty one
+    assert pub.publish([device("b"), device("a")]) is True
+    assert pub.publish([device("a"), device("b")]) is False
+    assert [[d.id for d in lst] for lst in rec.lists] == [[], ["a", "b"]]
+
+
+def test_the_publisher_keeps_the_previous_list_when_a_list_is_invalid(caplog):
+    rec = Recorder()
+    pub = DevicePublisher("h", rec.on_devices, rec.on_error)
+    pub.publish([device("a")])
+    with caplog.at_level(logging.ERROR, logger="agent.discovery.base"):
+        assert pub.publish([device("x"), device("x")]) is False
+    assert rec.ids == ["a"] and pub.current == [device("a")]
+    assert "reported more than once" in rec.errors[-1]
+    assert any("keeping the previous one" in r.getMessage() for r in caplog.records)
+    # The next good list goes out even though unchanged, so the agent can clear the error.
+    assert pub.publish([device("a")]) is True
+    assert len(rec.lists) == 2
+
+
+def test_the_publisher_reports_an_error_once_until_something_else_happens():
+    rec = Recorder()
+    pub = DevicePublisher("h", rec.on_devices, rec.on_error)
+    pub.error("down")
+    pub.error("down")
+    pub.publish([])
+    pub.error("down")
+    assert rec.errors == ["down", "down"]
+
+
+def test_the_publisher_survives_a_failing_callback_and_stays_silent_after_close(caplog):
+    def boom(devices):
+        raise RuntimeError("agent bug")
+
+    errors: list[str] = []
+    pub = DevicePublisher("h", boom, errors.append)
+    with caplog.at_level(logging.ERROR):
+        assert pub.publish([device("a")]) is True
+    assert "on_devices" in caplog.text
+    pub.close()
+    assert pub.publish([device("b")]) is False
+    pub.error("late")
+    assert errors == []
+
+
+def test_the_registry_replaces_by_name_and_notifies_listeners():
+    class Handler:
+        shared = True
+
+        def __init__(self, name):
+            self.name = name
+
+        def start(self, *args):  # pragma: no cover - never started here
+            raise NotImplementedError
+
+    registry = HandlerRegistry()
+    seen: list[str] = []
+    registry.add_listener(seen.append)
+    registry.add_listener(lambda name: 1 / 0)  # a broken listener must not stop the others
+    first, second = Handler("x"), Handler("x")
+    registry.register(first)
+    registry.register(Handler("a"))
+    registry.register(second)
+    assert registry.get("x") is second
+    assert registry.names() == ["a", "x"]
+    assert registry.unregister("x", first) is False
+    assert registry.unregister("x") is True
+    assert registry.get("x") is None
+    assert seen == ["x", "a", "x", "x"]
+
+
+def test_a_polling_session_reports_a_failing_step_and_keeps_polling():
+    rec = Recorder()
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("sysfs went away")
+        return [device("a")]
+
+    session = PollingSession(
+        "t", step, 0.01, DevicePublisher("t", rec.on_devices, rec.on_error)
+    ).start()
+    try:
+        rec.wait_for_ids(["a"])
+    finally:
+        session.stop()
+    assert rec.errors == ["t discovery failed: sysfs went away"]
