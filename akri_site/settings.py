@@ -124,6 +124,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
+SERVE_STATIC = env.boolean("AKRI_SERVE_STATIC", True)
 
 # --- akri-site behaviour -------------------------------------------------------------------
 AKRI = {

@@ -102,9 +102,7 @@ CONFIGURATION = {
                 {"name": "_from_secret", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
                 {
                     "name": "FROM_CM",
-                    "valueFrom": {
-                        "configMapKeyRef": {"name": "c", "key": "k", "optional": True}
-                    },
+                    "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k", "optional": True}},
                 },
                 {"name": "NOTHING"},
             ],
@@ -199,8 +197,12 @@ def test_configuration_defaults_and_bounds():
     assert props["capacity"] == {"type": "integer", "default": 1, "minimum": 1, "maximum": 1024}
     assert props["discoveryHandler"]["required"] == ["name"]
     assert props["discoveryHandler"]["properties"]["name"]["minLength"] == 1
-    assert props["brokerSpec"]["properties"]["brokerPodSpec"]["x-kubernetes-preserve-unknown-fields"]
-    assert props["brokerSpec"]["properties"]["brokerJobSpec"]["x-kubernetes-preserve-unknown-fields"]
+    assert props["brokerSpec"]["properties"]["brokerPodSpec"][
+        "x-kubernetes-preserve-unknown-fields"
+    ]
+    assert props["brokerSpec"]["properties"]["brokerJobSpec"][
+        "x-kubernetes-preserve-unknown-fields"
+    ]
 
 
 def test_instance_defaults_and_list_types():

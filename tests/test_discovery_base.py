@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -47,9 +48,14 @@ class Recorder:
             return [d.id for d in self.lists[-1]] if self.lists else None
 
     def wait_for(self, predicate: Callable[[Recorder], bool], timeout: float = 5.0) -> None:
+        """Wait until ``predicate`` holds; re-checked on every callback and every 10 ms, since
+        it may also look at state that does not notify (scan counters, servers)."""
+        deadline = time.monotonic() + timeout
         with self.cond:
-            ok = self.cond.wait_for(lambda: predicate(self), timeout)
-        assert ok, f"timed out; lists={self.lists} errors={self.errors}"
+            while not predicate(self):
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"timed out; lists={self.lists} errors={self.errors}"
+                self.cond.wait(min(remaining, 0.01))
 
     def wait_for_ids(self, ids: list[str], timeout: float = 5.0) -> None:
         self.wait_for(lambda r: r.ids == ids, timeout)

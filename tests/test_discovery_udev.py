@@ -159,12 +159,18 @@ def test_group_recursive_folds_children_into_the_topmost_match(devices):
     ]
 
 
-def test_group_recursive_groups_by_path_component_not_string_prefix(devices):
-    # usb1/1-2 is not below usb1/1-2:1.0's sibling usb1/1-3; only real ancestry groups.
-    details = parse_details(
-        'udevRules: [\'SUBSYSTEM=="usb", ATTR{idVendor}=="046d|0c45"\']\ngroupRecursive: true'
-    )
-    assert [d.id for d in discover(details, devices)] == [f"{USB}/1-2", f"{USB}/1-3"]
+def test_group_recursive_groups_by_path_component_not_string_prefix():
+    # Akri compares devpaths as strings, which folds port 1-10 into its sibling 1-1.
+    hub = "/devices/pci0000:00/0000:00:14.0/usb1"
+    records = [
+        {"devpath": hub, "subsystem": "usb"},
+        {"devpath": f"{hub}/1-1", "parent": hub, "subsystem": "usb", "devnode": "/dev/bus/usb/001/002"},
+        {"devpath": f"{hub}/1-10", "parent": hub, "subsystem": "usb", "devnode": "/dev/bus/usb/001/011"},
+        {"devpath": f"{hub}/1-10/1-10:1.0", "parent": f"{hub}/1-10", "subsystem": "usb"},
+    ]  # fmt: skip
+    details = parse_details("udevRules: ['KERNEL==\"1-1*\"']\ngroupRecursive: true")
+    grouped = discover(details, RecordedSource(records).devices())
+    assert [(d.id, len(d.device_specs)) for d in grouped] == [(f"{hub}/1-1", 1), (f"{hub}/1-10", 1)]
 
 
 @pytest.mark.parametrize(

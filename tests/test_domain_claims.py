@@ -193,7 +193,9 @@ def test_release_of_a_free_slot_is_a_no_op():
     assert release_patch(state_of(instance({})), k(0), A) == []
 
 
-@pytest.mark.parametrize(("usage", "key", "error"), [({k(0): B}, k(0), SlotChanged), ({}, "x", InvalidDeviceId)])
+@pytest.mark.parametrize(
+    ("usage", "key", "error"), [({k(0): B}, k(0), SlotChanged), ({}, "x", InvalidDeviceId)]
+)
 def test_refused_releases_raise(usage, key, error):
     with pytest.raises(error):
         release_patch(state_of(instance(usage)), key, A)

@@ -38,7 +38,10 @@ def test_pointer_round_trips(tokens):
         ([{"op": "remove", "path": "/l/0"}], {**DOC, "l": [2, 3]}),
         ([{"op": "replace", "path": "/a/e~0f", "value": 0}], {**DOC, "a": {**DOC["a"], "e~f": 0}}),
         ([{"op": "test", "path": "/a/b", "value": 1}], DOC),
-        ([{"op": "move", "from": "/a/b", "path": "/z"}], {**DOC, "a": {"c/d": 2, "e~f": 3}, "z": 1}),
+        (
+            [{"op": "move", "from": "/a/b", "path": "/z"}],
+            {**DOC, "a": {"c/d": 2, "e~f": 3}, "z": 1},
+        ),
         ([{"op": "copy", "from": "/l", "path": "/m"}], {**DOC, "m": [1, 2, 3]}),
         ([{"op": "replace", "path": "", "value": 5}], 5),
     ],
@@ -77,7 +80,10 @@ def test_a_patch_must_be_a_list():
 
 def test_failed_test_raises_and_leaves_the_document_alone():
     doc = {"a": {"b": 1}}
-    ops = [{"op": "replace", "path": "/a/b", "value": 2}, {"op": "test", "path": "/a/b", "value": 1}]
+    ops = [
+        {"op": "replace", "path": "/a/b", "value": 2},
+        {"op": "test", "path": "/a/b", "value": 1},
+    ]
     with pytest.raises(JsonPatchTestFailed):
         apply_json_patch(doc, ops)
     assert doc == {"a": {"b": 1}}

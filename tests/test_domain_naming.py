@@ -148,9 +148,7 @@ def test_broker_envs_contains_every_property_both_ways(properties):
 
 def test_plugin_socket_names():
     assert plugin_socket_name("cfg-8120fe", 1700000000) == "cfg-8120fe-1700000000.sock"
-    assert (
-        plugin_socket_path("cfg", 5) == "/var/lib/kubelet/device-plugins/cfg-5.sock"
-    )
+    assert plugin_socket_path("cfg", 5) == "/var/lib/kubelet/device-plugins/cfg-5.sock"
 
 
 def test_kubernetes_name_rules():

@@ -160,7 +160,13 @@ def test_resize_grows_with_free_slots():
 
 def test_resize_shrinks_only_free_slots():
     usage = {k(0): "", k(1): "node-a", k(2): "", k(3): "C:0:x", "stray": "", k(4): "?:"}
-    assert resize_usage(INST, usage, 1) == {k(0): "", k(1): "node-a", k(3): "C:0:x", "stray": "", k(4): "?:"}
+    assert resize_usage(INST, usage, 1) == {
+        k(0): "",
+        k(1): "node-a",
+        k(3): "C:0:x",
+        "stray": "",
+        k(4): "?:",
+    }
 
 
 def test_resize_refuses_negative_capacity():
@@ -169,7 +175,9 @@ def test_resize_refuses_negative_capacity():
 
 
 usages = st.dictionaries(
-    st.one_of(st.integers(0, 8).map(k), st.sampled_from(["stray", f"{INST}-01"])), values, max_size=8
+    st.one_of(st.integers(0, 8).map(k), st.sampled_from(["stray", f"{INST}-01"])),
+    values,
+    max_size=8,
 )
 
 

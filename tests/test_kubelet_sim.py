@@ -23,7 +23,6 @@ from agent.protos import podresources_pb2 as pr
 from agent.protos import podresources_pb2_grpc as pr_grpc
 from agent.simulator.kubelet import KubeletSimulator
 from agent.simulator.kubelet_names import (
-    go_quote_list,
     is_extended_resource_name,
     join_endpoint,
 )
@@ -252,7 +251,6 @@ def test_endpoint_is_joined_like_go_filepath_join() -> None:
     assert join_endpoint("/d/dp", "p.sock") == "/d/dp/p.sock"
     assert join_endpoint("/d/dp", "/p.sock") == "/d/dp/p.sock"
     assert join_endpoint("/d/dp", "../x.sock") == "/d/x.sock"
-    assert go_quote_list(("v1beta1",)) == '["v1beta1"]'
 
 
 # ---- registration ----------------------------------------------------------------------------
@@ -513,7 +511,10 @@ def test_admit_pod_fails_without_calling_the_plugin_when_devices_are_short(sim, 
     assert plugin.requests("Allocate") == []
     unknown = sim.admit_pod("ns", "q", [{"name": "c", "requests": {"akri.sh/other": 1}}])
     assert not unknown.admitted
-    assert "cannot allocate unregistered device akri.sh/other" in unknown.error
+    assert unknown.reason == "OutOfakri.sh/other"
+    assert unknown.error == (
+        "Node didn't have enough resource: akri.sh/other, requested: 1, used: 0, capacity: 0"
+    )
 
 
 def test_remove_pod_frees_its_ids_for_later_pods(sim, plugins) -> None:
@@ -574,6 +575,34 @@ def test_concurrent_admissions_never_share_a_device(sim, plugins) -> None:
     ids = [r.container("c").devices[RESOURCE][0] for r in admitted]
     assert sorted(ids) == [f"d{i}" for i in range(1, 9)]
     assert sim.resources()[RESOURCE].allocated == set(ids)
+
+
+def test_admissions_racing_a_restart_keep_the_books_straight(sim, plugins) -> None:
+    plugin = registered_plugin(sim, plugins, count=6)
+    results = []
+    start = threading.Barrier(7)
+
+    def admit(i: int) -> None:
+        start.wait()
+        results.append(sim.admit_pod("ns", f"p{i}", [{"name": "c", "requests": {RESOURCE: 1}}]))
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    sim.restart()
+    for thread in threads:
+        thread.join(10)
+    plugin.shutdown()
+    plugin.serve()
+    plugin.register(sim)
+    sim.wait_devices(RESOURCE, lambda d: len(d) == 6)
+
+    assert len(results) == 6
+    held = [d for p in sim.pods() for c in p.containers for d in c.devices[RESOURCE]]
+    assert len(held) == len(set(held)) == len([r for r in results if r.admitted])
+    assert sim.resources()[RESOURCE].allocated == set(held)
+    assert sim.allocatable(RESOURCE) == 6 - len(held)
 
 
 # ---- restart ---------------------------------------------------------------------------------

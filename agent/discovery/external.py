@@ -270,12 +270,19 @@ class ExternalSession:
     def _run(self) -> None:
         attempt = 0  # consecutive failed connections; 0 once a response arrives
         while not self._stop.is_set():
-            received, error = self._stream_once()
+            try:
+                received, error = self._stream_once()
+            except Exception as exc:  # a bug here must not end discovery for good
+                log.exception("discovery session for %s failed", self._handler.name)
+                received, error = False, exc
             if self._stop.is_set():
                 break
             if received:
                 attempt = 0
-            if error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            if (
+                isinstance(error, grpc.RpcError)
+                and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            ):
                 self._refused(error)
                 delay = self._policy.invalid_details_retry
             else:
@@ -293,13 +300,14 @@ class ExternalSession:
         )
         self._publisher.error(f"invalid discoveryDetails: {details}")
 
-    def _lost(self, error: grpc.RpcError | None, *, first: bool) -> None:
+    def _lost(self, error: Exception | None, *, first: bool) -> None:
         name, target = self._handler.name, self._handler.target
-        problem = (
-            "stream closed by the handler"
-            if error is None
-            else f"{error.code().name}: {error.details()}"
-        )
+        if error is None:
+            problem = "stream closed by the handler"
+        elif isinstance(error, grpc.RpcError):
+            problem = f"{error.code().name}: {error.details()}"
+        else:
+            problem = f"{type(error).__name__}: {error}"
         # One warning per outage; the retries themselves only at debug level.
         level = logging.WARNING if first else logging.DEBUG
         log.log(level, "discovery handler %s at %s: %s; reconnecting", name, target, problem)

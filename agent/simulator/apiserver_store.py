@@ -275,7 +275,7 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-@dataclass
+@dataclass(eq=False)
 class Watcher:
     """A registered watch: the writer fills `queue` under the store lock and sets `wake`."""
 

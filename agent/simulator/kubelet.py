@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -42,7 +41,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -51,7 +49,6 @@ from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 from agent.protos import podresources_pb2_grpc as pr_grpc
 from agent.simulator.kubelet_names import (
-    HEALTHY,
     SUPPORTED_VERSIONS,
     UNHEALTHY,
     go_status_error,
@@ -61,6 +58,13 @@ from agent.simulator.kubelet_names import (
     unsupported_version_error,
 )
 from agent.simulator.kubelet_podresources import PodResourcesServicer
+from agent.simulator.kubelet_types import (
+    AdmitResult,
+    ContainerAllocation,
+    PodRecord,
+    RegistrationEvent,
+    ResourceState,
+)
 
 log = logging.getLogger("agent.simulator.kubelet")
 
@@ -70,114 +74,15 @@ PRE_START_TIMEOUT = 30.0  # KubeletPreStartContainerRPCTimeoutInSecs
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
-
-@dataclass
-class ResourceState:
-    """What the kubelet knows about one extended resource (snapshots are copies)."""
-
-    name: str
-    endpoint: str = ""  # absolute plugin socket path; "" after a restart until re-registered
-    options: dp.DevicePluginOptions | None = None  # from GetDevicePluginOptions at Register
-    devices: dict[str, str] = field(default_factory=dict)  # id -> health as advertised
-    topology: dict[str, tuple[int, ...]] = field(default_factory=dict)  # id -> NUMA nodes
-    allocated: set[str] = field(default_factory=set)  # held by admitted or admitting pods
-    registrations: int = 0
-    list_updates: int = 0
-    last_list_time: float | None = None  # time.monotonic()
-    connected: bool = False  # a ListAndWatch stream is open
-    stopped_at: float | None = None  # when the stream ended / the kubelet restarted
-
-    def healthy(self) -> set[str]:
-        return {d for d, health in self.devices.items() if health == HEALTHY}
-
-    def snapshot(self) -> ResourceState:
-        options = None
-        if self.options is not None:
-            options = dp.DevicePluginOptions()
-            options.CopyFrom(self.options)
-        return dataclasses.replace(
-            self,
-            options=options,
-            devices=dict(self.devices),
-            topology=dict(self.topology),
-            allocated=set(self.allocated),
-        )
-
-
-@dataclass(frozen=True)
-class RegistrationEvent:
-    resource: str
-    endpoint: str  # joined onto the plugin dir
-    time: float  # time.monotonic()
-    error: str = ""
-
-
-@dataclass
-class ContainerAllocation:
-    """Devices and plugin answers for one container, per resource."""
-
-    name: str
-    devices: dict[str, list[str]] = field(default_factory=dict)
-    responses: dict[str, dp.ContainerAllocateResponse] = field(default_factory=dict)
-    prestart_error: str = ""  # the container would not start; the pod keeps its devices
-
-    @property
-    def envs(self) -> dict[str, str]:
-        merged: dict[str, str] = {}
-        for response in self.responses.values():
-            merged.update(response.envs)
-        return merged
-
-    @property
-    def annotations(self) -> dict[str, str]:
-        merged: dict[str, str] = {}
-        for response in self.responses.values():
-            merged.update(response.annotations)
-        return merged
-
-    @property
-    def mounts(self) -> list[dp.Mount]:
-        return [m for r in self.responses.values() for m in r.mounts]
-
-    @property
-    def device_specs(self) -> list[dp.DeviceSpec]:
-        return [d for r in self.responses.values() for d in r.devices]
-
-    def copy(self) -> ContainerAllocation:
-        return dataclasses.replace(
-            self,
-            devices={r: list(ids) for r, ids in self.devices.items()},
-            responses=dict(self.responses),
-        )
-
-
-@dataclass
-class PodRecord:
-    namespace: str
-    name: str
-    uid: str
-    containers: list[ContainerAllocation]
-    admitted_at: float
-
-    def copy(self) -> PodRecord:
-        return dataclasses.replace(self, containers=[c.copy() for c in self.containers])
-
-
-@dataclass
-class AdmitResult:
-    admitted: bool
-    uid: str
-    containers: list[ContainerAllocation]
-    reason: str = ""  # "UnexpectedAdmissionError" when refused
-    error: str = ""
-
-    @property
-    def started(self) -> bool:
-        """Admitted and every PreStartContainer call (if any) succeeded."""
-        return self.admitted and not any(c.prestart_error for c in self.containers)
-
-    def container(self, name: str) -> ContainerAllocation:
-        return next(c for c in self.containers if c.name == name)
+__all__ = [
+    "AdmitResult",
+    "ContainerAllocation",
+    "KubeletSimulator",
+    "PodRecord",
+    "RegistrationEvent",
+    "ResourceState",
+    "main",
+]
 
 
 class _Endpoint:
@@ -217,6 +122,11 @@ def _hold_inode(path: str) -> int | None:
         return os.open(path, os.O_PATH)
     except (OSError, AttributeError):
         return None
+
+
+def _unexpected(error: str) -> str:
+    """The message of the kubelet's UnexpectedAdmissionError."""
+    return f"Allocate failed due to {error}, which is unexpected"
 
 
 def _parse_containers(containers: Iterable[Mapping[str, Any]]) -> list[tuple[str, dict[str, int]]]:
@@ -537,16 +447,18 @@ class KubeletSimulator:
     ) -> AdmitResult:
         """Admit a pod as the kubelet's device manager would; see the module docstring.
 
-        `containers` are `{"name": "c1", "requests": {"akri.sh/foo": 1}}`. Refusals come back
-        as `admitted=False` with reason "UnexpectedAdmissionError" and the kubelet's message;
-        every id the pod had taken is released again.
+        `containers` are `{"name": "c1", "requests": {"akri.sh/foo": 1}}`; requests that are
+        not extended resources (cpu, memory) are ignored. Refusals come back as
+        `admitted=False` with the kubelet's reason and message: "UnexpectedAdmissionError" for
+        device trouble (too few healthy free ids, Allocate failed or answered nothing),
+        "OutOf<resource>" for a resource no plugin ever registered. Every id the pod had taken
+        is released again. A PreStartContainer failure leaves the pod admitted with its devices
+        (`started` is False), as a container that fails to start would.
         """
         uid = uid or str(uuid.uuid4())
         parsed = _parse_containers(containers)
         key = (namespace, name)
         with self._lock:
-            if not self._running:
-                raise RuntimeError("kubelet simulator is not running")
             if key in self._pods or key in self._admitting:
                 raise ValueError(f"pod {namespace}/{name} is already admitted")
             self._admitting.add(key)
@@ -559,21 +471,23 @@ class KubeletSimulator:
     def _admit(
         self, namespace: str, name: str, uid: str, parsed: list[tuple[str, dict[str, int]]]
     ) -> AdmitResult:
+        refusal = self._check_pod_fits(parsed)
+        if refusal:
+            log.info("pod %s/%s refused: %s", namespace, name, refusal[1])
+            return AdmitResult(False, uid, [], *refusal)
         allocations: list[ContainerAllocation] = []
-        error = self._check_pod_fits(parsed)
-        if not error:
-            for container_name, requests in parsed:
-                allocation = ContainerAllocation(container_name)
-                allocations.append(allocation)
-                for resource, needed in requests.items():
-                    error = self._allocate(allocation, resource, needed)
-                    if error:
-                        break
-                if error:
-                    break
+        error = ""
+        for container_name, requests in parsed:
+            allocation = ContainerAllocation(container_name)
+            allocations.append(allocation)
+            for resource, needed in requests.items():
+                error = error or self._allocate(allocation, resource, needed)
+            if error:
+                break
         if error:
+            # The kubelet would free these when it garbage-collects the failed pod.
             self._release(allocations)
-            message = f"Allocate failed due to {error}, which is unexpected"
+            message = _unexpected(error)
             log.info("pod %s/%s refused: %s", namespace, name, message)
             return AdmitResult(False, uid, allocations, UNEXPECTED_ADMISSION_ERROR, message)
         pod = PodRecord(namespace, name, uid, allocations, time.monotonic())
@@ -586,8 +500,8 @@ class KubeletSimulator:
         self._pre_start(allocations)
         return AdmitResult(True, uid, [c.copy() for c in allocations])
 
-    def _check_pod_fits(self, parsed: list[tuple[str, dict[str, int]]]) -> str:
-        """Refuse up front, without calling any plugin, when the pod cannot fit at all."""
+    def _check_pod_fits(self, parsed: list[tuple[str, dict[str, int]]]) -> tuple[str, str] | None:
+        """(reason, message) refusing the pod before any plugin is called, or None."""
         totals: Counter[str] = Counter()
         for _, requests in parsed:
             totals.update(requests)
@@ -595,14 +509,20 @@ class KubeletSimulator:
             for resource, needed in totals.items():
                 state = self._resources.get(resource)
                 if state is None:
-                    return f"cannot allocate unregistered device {resource}"
+                    # Never registered: the device manager ignores it and the node predicate
+                    # finds no capacity.
+                    return f"OutOf{resource}", (
+                        f"Node didn't have enough resource: {resource}, "
+                        f"requested: {needed}, used: 0, capacity: 0"
+                    )
                 free = len(state.healthy() - state.allocated)
                 if needed > free:
-                    return (
+                    error = (
                         f"requested number of devices unavailable for {resource}. "
                         f"Requested: {needed}, Available: {free}"
                     )
-        return ""
+                    return UNEXPECTED_ADMISSION_ERROR, _unexpected(error)
+        return None
 
     def _available(self, resource: str, needed: int) -> tuple[set[str], str]:
         """Healthy free ids of a resource, or the device manager's refusal."""
@@ -628,10 +548,10 @@ class KubeletSimulator:
         with self._lock:
             available, error = self._available(resource, needed)
             endpoint = self._endpoints.get(resource)
-            if not error and endpoint is None:
-                error = f"unknown Device Plugin {resource}"
-            if error:
-                return error
+        if error:
+            return error
+        if endpoint is None:
+            return f"unknown Device Plugin {resource}"
         preferred: list[str] = []
         if endpoint.options.get_preferred_allocation_available:
             request = dp.PreferredAllocationRequest(

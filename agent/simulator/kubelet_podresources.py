@@ -9,16 +9,13 @@ per device (and NUMA node) in `GetAllocatableResources`. Consumers must aggregat
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
 
 import grpc
 
 from agent.protos import podresources_pb2 as pr
 from agent.protos import podresources_pb2_grpc as pr_grpc
 from agent.simulator.kubelet_names import HEALTHY
-
-if TYPE_CHECKING:
-    from agent.simulator.kubelet import ContainerAllocation, PodRecord, ResourceState
+from agent.simulator.kubelet_types import ContainerAllocation, PodRecord, ResourceState
 
 RATE_LIMIT_MESSAGE = "rejected by rate limit"
 

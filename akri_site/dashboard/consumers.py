@@ -27,9 +27,10 @@ from django.utils import timezone
 from agent.metrics import WEBSOCKET_CLIENTS
 from agent.models import Instance, ReconcileRun
 from akri_site.dashboard import queries
-from akri_site.dashboard.access import can_view
+from akri_site.dashboard.access import can_release, can_view
 from akri_site.dashboard.forms import SlotFilterForm
 from akri_site.dashboard.live import LIVE_GROUP
+from akri_site.dashboard.render import instances_html, runs_html
 from akri_site.dashboard.slotmap import base_queryset, iso, narrow, serialize, summary
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _validate(view: Any, filters: Any) -> tuple[str, dict[str, str]]:
     return form.cleaned_data["view"] or "slots", form.filters()
 
 
-def _snapshot(view: str, filters: dict[str, str]) -> dict[str, Any]:
+def _snapshot(view: str, filters: dict[str, str], release: bool) -> dict[str, Any]:
     instances: list[dict[str, Any]] = []
     truncated = False
     if view == "slots":
@@ -73,7 +74,9 @@ def _snapshot(view: str, filters: dict[str, str]) -> dict[str, Any]:
                 truncated = True
                 break
             instances.append(narrowed)
-    recent = ReconcileRun.objects.order_by("-started_at", "-id")[:SNAPSHOT_RUNS]
+    recent = list(
+        reversed(queries.runs(ReconcileRun.objects.order_by("-started_at", "-id")[:SNAPSHOT_RUNS]))
+    )
     return {
         "type": "snapshot",
         "view": view,
@@ -81,7 +84,9 @@ def _snapshot(view: str, filters: dict[str, str]) -> dict[str, Any]:
         "instances": instances,
         "truncated": truncated,
         "instance_total": Instance.objects.count(),
-        "runs": list(reversed(queries.runs(recent))),
+        "runs": recent,
+        "html": instances_html(instances, release),
+        "runs_html": runs_html(recent),
         "summary": summary(),
         "sync": queries.sync_status(),
         "at": iso(timezone.now()),
@@ -92,6 +97,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     view = "slots"
     filters: dict[str, str]
     joined = False
+    release = False
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -100,6 +106,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.filters = {}
+        self.release = await database_sync_to_async(can_release)(user)
         await self.accept()
         await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
         self.joined = True
@@ -160,7 +167,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self._send_snapshot()
 
     async def _send_snapshot(self) -> None:
-        await self.send_json(await database_sync_to_async(_snapshot)(self.view, self.filters))
+        snapshot = database_sync_to_async(_snapshot)
+        await self.send_json(await snapshot(self.view, self.filters, self.release))
 
     @database_sync_to_async
     def _sync(self) -> dict[str, Any]:
@@ -178,14 +186,24 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                     removed.append(row["key"])
                 else:
                     instances.append(narrowed)
+        runs = event.get("runs", [])
+        html, run_rows = await self._fragments(instances, runs)
         await self.send_json(
             {
                 "type": "delta",
                 "instances": instances,
                 "removed": removed,
-                "runs": event.get("runs", []),
+                "runs": runs,
+                "html": html,
+                "runs_html": run_rows,
                 "summary": event.get("summary"),
                 "sync": event.get("sync"),
                 "at": event.get("at"),
             }
         )
+
+    @database_sync_to_async
+    def _fragments(
+        self, instances: list[dict[str, Any]], runs: list[dict[str, Any]]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        return instances_html(instances, self.release), runs_html(runs)

@@ -110,6 +110,7 @@ class SlotFilterForm(_PageMixin):
 
 
 class _RangeMixin(_PageMixin):
+    default_range = DEFAULT_RANGE
     range = forms.ChoiceField(choices=RANGES, required=False)
     start = forms.DateTimeField(required=False, label="From (UTC)")
     end = forms.DateTimeField(required=False, label="To (UTC)")
@@ -117,7 +118,7 @@ class _RangeMixin(_PageMixin):
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         start, end = data.get("start"), data.get("end")
-        chosen = data.get("range") or ("custom" if start or end else DEFAULT_RANGE)
+        chosen = data.get("range") or ("custom" if start or end else self.default_range)
         data["range"] = chosen
         if chosen == "custom":
             if not start:
@@ -166,6 +167,8 @@ class RunFilterForm(_RangeMixin):
 
 
 class AuditFilterForm(_RangeMixin):
+    # Manual actions are rare and each matters: look further back by default.
+    default_range = "30d"
     OUTCOMES = (("", "any outcome"), ("done", "done"), ("refused", "refused"), ("failed", "failed"))
     user = forms.CharField(required=False, max_length=150)
     outcome = forms.ChoiceField(choices=OUTCOMES, required=False)

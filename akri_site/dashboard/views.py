@@ -14,7 +14,6 @@ from django.core.paginator import EmptyPage, Page, Paginator
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
-from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -32,6 +31,7 @@ from agent.models import (
 from akri_site.dashboard import queries, slotmap
 from akri_site.dashboard.access import can_release, role_of, viewer_required
 from akri_site.dashboard.forms import AuditFilterForm, RunFilterForm, SlotFilterForm
+from akri_site.dashboard.render import link_prefixes
 
 # Instances per slot-map page: large enough that a filter to one Configuration or node of a
 # big cluster (2,000 Instances) still shows all of it on one page.
@@ -71,21 +71,11 @@ def _page_links(request: HttpRequest, page: Page) -> dict[str, str]:
     return links
 
 
-def _urls() -> dict[str, str]:
-    """Prefixes for links built per row: ``reverse`` per row is too slow for the slot map."""
-    return {
-        "node_url": reverse("dashboard:node", args=["_"])[:-2],
-        "instance_url": reverse("dashboard:slots")[: -len("slots/")] + "instances/",
-        "configuration_url": reverse("dashboard:slots")[: -len("slots/")] + "configurations/",
-        "release_url": reverse("admin:agent_slot_changelist"),
-    }
-
-
 def page_context(request: HttpRequest, **context: Any) -> dict[str, Any]:
     return {
         "role": role_of(request.user),
         "can_release": can_release(request.user),
-        **_urls(),
+        **link_prefixes(),
         **context,
     }
 
@@ -146,6 +136,7 @@ def slot_map(request: HttpRequest) -> HttpResponse:
     except BadPage as exc:
         return _render(request, "dashboard/slots.html", 400, errors=[str(exc)], **context)
     instances = list(page.object_list)
+    counts = slotmap.summary()
     return _render(
         request,
         "dashboard/slots.html",
@@ -153,9 +144,9 @@ def slot_map(request: HttpRequest) -> HttpResponse:
         live_query=_live_query("slots", filters),
         page=page,
         links=_page_links(request, page),
-        groups=slotmap.group_by_configuration(instances),
+        groups=slotmap.group_by_configuration(instances, counts),
         shown=sum(len(i["slots"]) for i in instances),
-        summary=slotmap.summary(),
+        summary=counts,
         instance_total=Instance.objects.count(),
         **context,
     )
@@ -181,7 +172,10 @@ def instance_detail(request: HttpRequest, namespace: str, name: str) -> HttpResp
         "dashboard/instance.html",
         instance=row,
         data=data,
-        groups=slotmap.group_by_configuration([data]),
+        configuration_known=Configuration.objects.filter(
+            namespace=namespace, name=row.configuration_name
+        ).exists(),
+        groups=slotmap.group_by_configuration([data], slotmap.summary()),
         pods=_pods_of(data),
         bindings=SlotPodBinding.objects.filter(namespace=namespace, instance=name).order_by(
             "node", "slot"
@@ -227,13 +221,13 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
         "dashboard/node.html",
         name=name,
         node=node,
-        groups=slotmap.group_by_configuration(instances),
+        groups=slotmap.group_by_configuration(instances, slotmap.summary()),
         held=slotmap.count_slots(held),
         levels={lvl: sum(1 for s in held if s["level"] == lvl) for lvl in ("IL", "CL")},
         pods=Pod.objects.filter(node_name=name).order_by("namespace", "name"),
         bindings=SlotPodBinding.objects.filter(node=name).order_by("instance", "slot"),
         events=queries.recent_events(SlotEvent.objects.filter(node=name)),
-        runs=queries.runs(ReconcileRun.objects.filter(node=name).order_by("-started_at")[:10]),
+        rows=queries.runs(ReconcileRun.objects.filter(node=name).order_by("-started_at")[:10]),
         live_view="slots",
         live_query=_live_query("slots", filters),
     )

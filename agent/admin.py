@@ -1,0 +1,398 @@
+"""The Django admin as the operator's escape hatch.
+
+Everything here mirrors the API server or records history, so nothing is edited in place:
+the cache is not the authority (a change here would be overwritten by the next watch event
+and would lie until then), and history is append-only. The one write is **Release selected
+slots**, which goes through the claim store's conditional release, names each slot and its
+holder on a confirmation page, re-checks on the server that the slot still holds the value the
+operator saw, and is audited whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from agent.models import (
+    AuditEntry,
+    Configuration,
+    Instance,
+    Node,
+    Pod,
+    ReconcileRun,
+    Slot,
+    SlotEvent,
+    SlotPodBinding,
+    SyncState,
+)
+
+log = logging.getLogger(__name__)
+
+RELEASE_PERMISSION = "agent.release_slot"
+RUNNING_PHASES = ("Running", "Pending")
+REASON_MAX = 1000
+# A release names each slot; beyond this many, the operator should narrow the selection.
+RELEASE_MAX = 200
+
+admin.site.site_header = "akri-site administration"
+admin.site.site_title = "akri-site admin"
+admin.site.index_title = "Cluster cache, history and manual actions"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewable by whoever has the view permission; never added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Configuration)
+class ConfigurationAdmin(ReadOnlyAdmin):
+    list_display = [
+        "name",
+        "namespace",
+        "capacity",
+        "unique_devices",
+        "discovery_handler",
+        "status",
+        "updated_at",
+    ]
+    list_filter = ["namespace", "discovery_handler", "unique_devices", "deleting"]
+    search_fields = ["name", "namespace", "discovery_handler", "error"]
+
+    @admin.display(description="status")
+    def status(self, obj: Configuration) -> str:
+        return f"⛔ error: {obj.error[:80]}" if obj.error else "✓ valid"
+
+
+@admin.register(Instance)
+class InstanceAdmin(ReadOnlyAdmin):
+    list_display = ["name", "namespace", "configuration_name", "capacity", "shared", "node_list"]
+    list_filter = ["namespace", "configuration_name", "shared", "deleting"]
+    search_fields = ["name", "namespace", "configuration_name", "cdi_name"]
+
+    @admin.display(description="nodes")
+    def node_list(self, obj: Instance) -> str:
+        return ", ".join(obj.nodes or []) or "—"
+
+
+@dataclass
+class ReleaseItem:
+    """One slot on the confirmation page: what the operator is about to release."""
+
+    slot: Slot
+    pod: str
+    container: str
+    pod_row: Pod | None
+
+    @property
+    def target(self) -> str:
+        return f"{self.slot.instance.namespace}/{self.slot.instance.name}/{self.slot.key}"
+
+    @property
+    def pod_running(self) -> bool:
+        row = self.pod_row
+        return row is not None and row.phase in RUNNING_PHASES and not row.deleting
+
+    @property
+    def pod_state(self) -> str:
+        if not self.pod:
+            return "holder pod not known"
+        if self.pod_row is None:
+            return "pod not in the cache (gone?)"
+        state = self.pod_row.phase or "phase unknown"
+        return f"{state}, being deleted" if self.pod_row.deleting else state
+
+
+def _release_items(slots: QuerySet[Slot]) -> list[ReleaseItem]:
+    items = []
+    for slot in slots.select_related("instance").order_by("instance__name", "index"):
+        pod, container = "", slot.container
+        if slot.pod_name:
+            pod = f"{slot.pod_namespace}/{slot.pod_name}"
+        elif slot.holder_node:
+            # The Slot row may not carry its pod yet; the holder node's slot-to-pod map may.
+            binding = SlotPodBinding.objects.filter(node=slot.holder_node, slot=slot.key).first()
+            if binding and binding.pod_name:
+                pod = f"{binding.pod_namespace}/{binding.pod_name}"
+                container = binding.container
+        pod_row = None
+        if pod:
+            ns, name = pod.split("/", 1)
+            pod_row = Pod.objects.filter(namespace=ns, name=name).first()
+        items.append(ReleaseItem(slot, pod, container, pod_row))
+    return items
+
+
+def _audit_refusal(request: HttpRequest, target: str, holder: str, reason: str, why: str) -> None:
+    """Refusals that never reached the claim store are audited here."""
+    AuditEntry.objects.create(
+        at=timezone.now(),
+        user=request.user,
+        username=request.user.get_username(),
+        action="release_slot",
+        target=target,
+        holder=holder,
+        reason=reason,
+        outcome="refused",
+        detail=why,
+    )
+
+
+def _short(names: list[str]) -> str:
+    shown = ", ".join(names[:10])
+    return shown + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+
+@admin.register(Slot)
+class SlotAdmin(ReadOnlyAdmin):
+    list_display = [
+        "key",
+        "instance_link",
+        "configuration",
+        "state",
+        "level",
+        "holder_node",
+        "pod",
+        "since",
+        "surplus",
+    ]
+    list_filter = ["level", "surplus", "instance__configuration_name", "holder_node"]
+    search_fields = ["key", "value", "holder_node", "pod_name", "instance__name"]
+    list_select_related = ["instance"]
+    actions = ["release_slots"]
+
+    @admin.display(description="instance", ordering="instance__name")
+    def instance_link(self, obj: Slot) -> str:
+        url = reverse("dashboard:instance", args=[obj.instance.namespace, obj.instance.name])
+        return format_html('<a href="{}">{}</a>', url, obj.instance.name)
+
+    @admin.display(description="configuration", ordering="instance__configuration_name")
+    def configuration(self, obj: Slot) -> str:
+        return obj.instance.configuration_name
+
+    @admin.display(description="state")
+    def state(self, obj: Slot) -> str:
+        if obj.level == Slot.Level.FREE:
+            return "○ free"
+        if obj.level == Slot.Level.FOREIGN:
+            return f"⚠ foreign {obj.value!r}"
+        return f"● held {obj.value}"
+
+    @admin.display(description="pod")
+    def pod(self, obj: Slot) -> str:
+        if not obj.pod_name:
+            return "—"
+        pod = f"{obj.pod_namespace}/{obj.pod_name}"
+        return f"{pod} / {obj.container}" if obj.container else pod
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(RELEASE_PERMISSION)
+
+    def get_urls(self) -> list:
+        urls = [
+            path(
+                "<int:pk>/release/",
+                self.admin_site.admin_view(self.release_view),
+                name="agent_slot_release",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def release_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """The confirmation page for one slot (linked from the dashboard's slot map)."""
+        if not self.has_release_permission(request):
+            raise PermissionDenied
+        get_object_or_404(Slot, pk=pk)
+        return self._confirm(request, Slot.objects.filter(pk=pk))
+
+    @admin.action(description="Release selected slots…", permissions=["release"])
+    def release_slots(self, request: HttpRequest, queryset: QuerySet[Slot]) -> HttpResponse | None:
+        # The action list already hides this from users without the permission; a forged
+        # POST reaches here only if it names the action, so check again.
+        if not self.has_release_permission(request):
+            raise PermissionDenied
+        if request.POST.get("post") == "yes":
+            self._release(request, queryset)
+            return None
+        return self._confirm(request, queryset)
+
+    def _confirm(self, request: HttpRequest, queryset: QuerySet[Slot]) -> HttpResponse:
+        if queryset.count() > RELEASE_MAX:
+            self.message_user(
+                request,
+                f"Select at most {RELEASE_MAX} slots to release at once.",
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(reverse("admin:agent_slot_changelist"))
+        items = _release_items(queryset)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Release slots?",
+            "opts": self.model._meta,
+            "held": [i for i in items if i.slot.level != Slot.Level.FREE],
+            "free": [i for i in items if i.slot.level == Slot.Level.FREE],
+            "running": [i for i in items if i.pod_running],
+            "reason_max": REASON_MAX,
+            "changelist_url": reverse("admin:agent_slot_changelist"),
+        }
+        return TemplateResponse(request, "admin/agent/slot/release_confirm.html", context)
+
+    def _release(self, request: HttpRequest, queryset: QuerySet[Slot]) -> None:
+        from agent.kube import claims  # the claim store talks to the API server: load on use
+
+        reason = request.POST.get("reason", "").strip()[:REASON_MAX]
+        wanted = {
+            int(v) for v in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if v.isdigit()
+        }
+        outcomes: dict[str, list[str]] = {"released": [], "free": [], "refused": [], "failed": []}
+        found = set()
+        for slot in queryset.select_related("instance").order_by("instance__name", "index"):
+            found.add(slot.pk)
+            inst = slot.instance
+            target = f"{inst.namespace}/{inst.name}/{slot.key}"
+            expected = request.POST.get(f"expected_{slot.pk}")
+            if expected is None:
+                _audit_refusal(request, target, slot.value, reason, "no holder value was confirmed")
+                outcomes["refused"].append(f"{slot.key} (no holder value was confirmed)")
+                continue
+            try:
+                result = claims.manual_release(
+                    inst.namespace, inst.name, slot.key, expected, user=request.user, reason=reason
+                )
+            except claims.SlotChanged as exc:
+                now = getattr(exc, "actual", None)
+                seen = f"now {now!r}" if now is not None else str(exc)
+                outcomes["refused"].append(f"{slot.key} (changed meanwhile: {seen})")
+            except claims.ClaimStoreError as exc:
+                outcomes["failed"].append(f"{slot.key} ({exc})")
+            except Exception as exc:  # the claim store failed in a way it did not record
+                log.exception("manual release of %s failed", target)
+                AuditEntry.objects.create(
+                    at=timezone.now(),
+                    user=request.user,
+                    username=request.user.get_username(),
+                    action="release_slot",
+                    target=target,
+                    holder=expected,
+                    reason=reason,
+                    outcome="failed",
+                    detail=f"{type(exc).__name__}: {exc}",
+                )
+                outcomes["failed"].append(f"{slot.key} ({type(exc).__name__}: {exc})")
+            else:
+                outcomes["free" if result == "already free" else "released"].append(slot.key)
+        for pk in sorted(wanted - found):
+            _audit_refusal(request, f"slot #{pk}", "", reason, "slot no longer in the cache")
+            outcomes["refused"].append(f"slot #{pk} (no longer in the cache)")
+        self._report(request, outcomes)
+
+    def _report(self, request: HttpRequest, outcomes: dict[str, list[str]]) -> None:
+        if outcomes["released"]:
+            n = len(outcomes["released"])
+            self.message_user(
+                request,
+                f"Released {n} slot{'s' if n != 1 else ''}: {_short(outcomes['released'])}.",
+                messages.SUCCESS,
+            )
+        if outcomes["free"]:
+            self.message_user(
+                request,
+                f"Already free, nothing to do: {_short(outcomes['free'])}.",
+                messages.INFO,
+            )
+        if outcomes["refused"]:
+            self.message_user(
+                request,
+                "Not released, left as they are: " + _short(outcomes["refused"]) + ".",
+                messages.WARNING,
+            )
+        if outcomes["failed"]:
+            self.message_user(
+                request,
+                "Could not release (the API server was not written): "
+                + _short(outcomes["failed"])
+                + ". Try again, or check the API server.",
+                messages.ERROR,
+            )
+
+
+@admin.register(SlotEvent)
+class SlotEventAdmin(ReadOnlyAdmin):
+    list_display = ["at", "slot", "before", "after", "cause", "actor", "node", "pod", "run"]
+    list_filter = ["cause", "configuration", "node"]
+    search_fields = ["slot", "instance", "actor", "pod", "detail", "before", "after"]
+    date_hierarchy = "at"
+    list_select_related = ["run"]
+
+
+@admin.register(ReconcileRun)
+class ReconcileRunAdmin(ReadOnlyAdmin):
+    list_display = [
+        "started_at",
+        "scope",
+        "node",
+        "trigger",
+        "duration_ms",
+        "checked",
+        "released",
+        "restored",
+        "conflicts",
+        "errors",
+        "task_id",
+    ]
+    list_filter = ["scope", "trigger", "node"]
+    search_fields = ["node", "task_id", "detail"]
+    date_hierarchy = "started_at"
+
+
+@admin.register(SlotPodBinding)
+class SlotPodBindingAdmin(ReadOnlyAdmin):
+    list_display = ["node", "slot", "instance", "pod_namespace", "pod_name", "container", "seen_at"]
+    list_filter = ["node", "namespace"]
+    search_fields = ["slot", "instance", "pod_name", "pod_uid", "device_id"]
+
+
+@admin.register(Node)
+class NodeAdmin(ReadOnlyAdmin):
+    list_display = ["name", "ready", "ready_since", "not_ready_since", "deleted"]
+    list_filter = ["ready", "deleted"]
+    search_fields = ["name"]
+
+
+@admin.register(Pod)
+class PodAdmin(ReadOnlyAdmin):
+    list_display = ["name", "namespace", "node_name", "phase", "deleting"]
+    list_filter = ["phase", "deleting", "namespace"]
+    search_fields = ["name", "namespace", "uid", "node_name"]
+
+
+@admin.register(SyncState)
+class SyncStateAdmin(ReadOnlyAdmin):
+    list_display = ["owner", "kind", "resource_version", "relists", "synced_at"]
+    search_fields = ["owner", "kind"]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ["at", "username", "action", "target", "holder", "outcome", "reason"]
+    list_filter = ["outcome", "action", "username"]
+    search_fields = ["target", "username", "reason", "detail", "holder"]
+    date_hierarchy = "at"

@@ -1,0 +1,212 @@
+"""Pytest plugin: one `kube` fixture for Kubernetes-facing tests, simulator or real API server.
+
+Register with `pytest_plugins = ["tests.kubeenv"]` (in tests/conftest.py).
+
+- Default: one `ApiServerSimulator` per session with the CRDs from `deploy/crds/`. Each test gets
+  a fresh namespace name (`t-<random>`, with a Namespace object created for code that checks),
+  and afterwards the simulator is reset (objects gone, CRDs kept) and its knobs restored.
+- `AKRI_TEST_KUBECONFIG=<path>`: the same tests run against that server. The CRDs are applied
+  once per session (create or replace, then wait until Established); each test's namespace is
+  created before and deleted after the test. Cluster-scoped objects a test creates (Nodes,
+  ResourceSlices, ...) are the test's to clean up there.
+
+Fixtures: `kube` (function scope, a `KubeEnv`) and `apiserver` (session scope, the raw simulator
+for simulator-only tests; always a simulator, also when a real server is configured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import string
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from agent.simulator.apiserver import ApiServerSimulator
+
+ENV_KUBECONFIG = "AKRI_TEST_KUBECONFIG"
+CRD_DIR = Path(__file__).resolve().parents[1] / "deploy" / "crds"
+# A test that forgets timeout_seconds on a watch gets its stream ended after this long.
+SIM_WATCH_CAP = 60.0
+SIM_HISTORY_LIMIT = 10000
+
+
+class KubeEnv:
+    """What a Kubernetes-facing test needs: a client, its namespace and how to reach the server."""
+
+    def __init__(self, session: _KubeSession, namespace: str) -> None:
+        self._session = session
+        self._clients: list[Any] = []
+        self.namespace = namespace
+        self.kubeconfig = session.kubeconfig
+        self.simulator: ApiServerSimulator | None = session.simulator
+        self.real = session.simulator is None
+        self.api_client = self.new_client()
+
+    def new_client(self) -> client.ApiClient:
+        """An independent ApiClient (own connection pool); closed after the test."""
+        api_client = self._session.new_client()
+        self._clients.append(api_client)
+        return api_client
+
+    def wait_for(
+        self,
+        predicate: Callable[[], Any],
+        timeout: float = 5.0,
+        interval: float = 0.01,
+        message: str | None = None,
+    ) -> Any:
+        """Poll `predicate` until it returns something truthy (returned) or raise AssertionError.
+        An AssertionError raised by the predicate counts as "not yet"."""
+        deadline = time.monotonic() + timeout
+        last_error: AssertionError | None = None
+        while True:
+            try:
+                result = predicate()
+                if result:
+                    return result
+            except AssertionError as exc:
+                last_error = exc
+            if time.monotonic() >= deadline:
+                what = message or getattr(predicate, "__name__", repr(predicate))
+                detail = f" (last failure: {last_error})" if last_error else ""
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
+            time.sleep(interval)
+
+    def close(self) -> None:
+        for api_client in self._clients:
+            # Closing a pool must never fail a test.
+            with contextlib.suppress(Exception):
+                api_client.close()
+        self._clients.clear()
+
+
+class _KubeSession:
+    """Session-wide server access: the simulator, or a real server from a kubeconfig."""
+
+    def __init__(self, simulator: ApiServerSimulator | None, kubeconfig: str) -> None:
+        self.simulator = simulator
+        self.kubeconfig = kubeconfig
+        self._configuration: client.Configuration | None = None
+        if simulator is None:
+            configuration = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            configuration.connection_pool_maxsize = 64
+            self._configuration = configuration
+
+    def new_client(self) -> client.ApiClient:
+        if self.simulator is not None:
+            return self.simulator.api_client()
+        return client.ApiClient(self._configuration)
+
+
+def _random_namespace() -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    return "t-" + "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def _crd_documents() -> list[dict]:
+    docs = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        with path.open() as fh:
+            docs.extend(
+                d
+                for d in yaml.safe_load_all(fh)
+                if d and d.get("kind") == "CustomResourceDefinition"
+            )
+    return docs
+
+
+def apply_crds(api_client: client.ApiClient, timeout: float = 60.0) -> None:
+    """Create or replace every CRD in deploy/crds, then wait until each is Established."""
+    ext = client.ApiextensionsV1Api(api_client)
+    names = []
+    for crd in _crd_documents():
+        name = crd["metadata"]["name"]
+        names.append(name)
+        try:
+            ext.create_custom_resource_definition(crd)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = ext.read_custom_resource_definition(name)
+            crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(name, crd)
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            conditions = ext.read_custom_resource_definition(name).status.conditions or []
+            if any(c.type == "Established" and c.status == "True" for c in conditions):
+                break
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"CRD {name} not Established after {timeout}s")
+            time.sleep(0.2)
+
+
+def _restore_simulator(sim: ApiServerSimulator) -> None:
+    sim.clear_faults()
+    sim.set_history_limit(SIM_HISTORY_LIMIT)
+    sim.set_watch_cap(SIM_WATCH_CAP)
+    sim.reset()
+    sim.request_log.clear()
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServerSimulator]:
+    """The session's API-server simulator (always a simulator, for simulator-only tests)."""
+    sim = ApiServerSimulator(history_limit=SIM_HISTORY_LIMIT, watch_cap_seconds=SIM_WATCH_CAP)
+    sim.start()
+    sim.write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig")
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture(scope="session")
+def _kube_session(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> _KubeSession:
+    path = os.environ.get(ENV_KUBECONFIG)
+    if path:
+        session = _KubeSession(None, path)
+        api_client = session.new_client()
+        try:
+            apply_crds(api_client)
+        finally:
+            api_client.close()
+        return session
+    sim = request.getfixturevalue("apiserver")
+    kubeconfig = sim.write_kubeconfig(tmp_path_factory.mktemp("kube-sim") / "kubeconfig")
+    return _KubeSession(sim, str(kubeconfig))
+
+
+@pytest.fixture
+def kube(_kube_session: _KubeSession) -> Iterator[KubeEnv]:
+    """A client and a fresh namespace on the simulator or on AKRI_TEST_KUBECONFIG's server."""
+    if _kube_session.simulator is not None:
+        _restore_simulator(_kube_session.simulator)
+    env = KubeEnv(_kube_session, _random_namespace())
+    core = client.CoreV1Api(env.api_client)
+    core.create_namespace(
+        {"metadata": {"name": env.namespace, "labels": {"akri-site/test": "true"}}}
+    )
+    try:
+        yield env
+    finally:
+        if env.real:
+            try:
+                core.delete_namespace(env.namespace)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+        env.close()
+        if _kube_session.simulator is not None:
+            _restore_simulator(_kube_session.simulator)
