@@ -1,0 +1,377 @@
+// Live dashboard: a snapshot on connect, then deltas over the websocket (ws/live/).
+//
+// The server renders every row; deltas carry the same rows as HTML fragments from the same
+// templates (`html` by Instance key, `runs_html` by run id), swapped in place by data attribute.
+// The mark in the header says, in words, whether what you see is live:
+//   "Live"             connected, and the cache's watchers synced recently;
+//   "Reconnecting…"    the socket dropped, retrying with exponential backoff;
+//   "Stale since HH:MM" disconnected for a while, or the cache itself stopped syncing.
+// Hidden tabs buffer deltas and retry slowly; the Refresh button reloads the page anyway.
+"use strict";
+(function () {
+  var body = document.body;
+  var view = body.dataset.liveView;
+  var mark = document.getElementById("live-mark");
+  var notice = document.getElementById("live-notice");
+
+  var STALE_AFTER_MS = 15000;     // disconnected this long: stale, not merely reconnecting
+  var PING_MS = 20000;            // heartbeat when visible
+  var PING_HIDDEN_MS = 60000;     // and when the tab is hidden
+  var MAX_BACKOFF_MS = 30000;
+  var HIDDEN_RETRY_MS = 60000;
+  var MAX_PENDING = 100;          // buffered deltas while hidden; beyond that, ask for a snapshot
+
+  var ws = null;
+  var attempt = 0;
+  var retryTimer = null;
+  var pingTimer = null;
+  var lastMessageAt = null;
+  var lostAt = null;
+  var sync = null;
+  var connectedOnce = false;
+  var stopped = false;
+  var pending = [];
+  var overflowed = false;
+
+  // ---- times --------------------------------------------------------------------------------
+  function pad(n) { return n < 10 ? "0" + n : String(n); }
+  function utc() { return document.documentElement.dataset.tz === "utc"; }
+  function clock(d, seconds) {
+    var h = utc() ? d.getUTCHours() : d.getHours();
+    var m = utc() ? d.getUTCMinutes() : d.getMinutes();
+    var s = utc() ? d.getUTCSeconds() : d.getSeconds();
+    return pad(h) + ":" + pad(m) + (seconds ? ":" + pad(s) : "") + (utc() ? " UTC" : "");
+  }
+  function dateText(d) {
+    var now = new Date();
+    var y = utc() ? d.getUTCFullYear() : d.getFullYear();
+    var mo = (utc() ? d.getUTCMonth() : d.getMonth()) + 1;
+    var day = utc() ? d.getUTCDate() : d.getDate();
+    var today = utc()
+      ? now.getUTCFullYear() === y && now.getUTCMonth() + 1 === mo && now.getUTCDate() === day
+      : now.getFullYear() === y && now.getMonth() + 1 === mo && now.getDate() === day;
+    return (today ? "" : y + "-" + pad(mo) + "-" + pad(day) + " ") + clock(d, true);
+  }
+  function ago(d) {
+    var s = Math.max(0, Math.round((Date.now() - d.getTime()) / 1000));
+    if (s < 120) return s + " s ago";
+    if (s < 7200) return Math.floor(s / 60) + " min ago";
+    if (s < 172800) return Math.floor(s / 3600) + " h ago";
+    return Math.floor(s / 86400) + " d ago";
+  }
+  function renderTimes(root) {
+    var nodes = root.querySelectorAll("time[datetime]");
+    for (var i = 0; i < nodes.length; i++) {
+      var el = nodes[i];
+      var d = new Date(el.getAttribute("datetime"));
+      if (isNaN(d.getTime())) continue;
+      var text = el.hasAttribute("data-ago") ? dateText(d) + " (" + ago(d) + ")" : dateText(d);
+      if (el.parentElement && el.parentElement.hasAttribute("data-last-run")) text = ago(d);
+      if (el.textContent !== text) el.textContent = text;
+      el.title = d.toISOString();
+    }
+  }
+
+  // ---- the mark -----------------------------------------------------------------------------
+  function setMark(state, text) {
+    if (!mark) return;
+    // Only on change: the mark is an aria-live region, every write would be read out.
+    if (mark.dataset.state !== state) mark.dataset.state = state;
+    if (mark.textContent !== text) mark.textContent = text;
+  }
+  function updateMark() {
+    if (stopped) return;
+    var now = Date.now();
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      if (lostAt !== null && now - lostAt > STALE_AFTER_MS) {
+        setMark("stale", "Stale since " + clock(new Date(lastMessageAt || lostAt), false));
+      } else {
+        setMark(connectedOnce ? "reconnecting" : "connecting", connectedOnce ? "Reconnecting…" : "Connecting…");
+      }
+      return;
+    }
+    if (sync && sync.stale && sync.stale.length) {
+      var since = sync.stale_since ? clock(new Date(sync.stale_since), false) : null;
+      setMark("stale", since ? "Stale since " + since + " (cache not syncing)" : "Stale: cache never synced");
+      return;
+    }
+    if (sync && sync.watchers === 0) {
+      setMark("stale", "Stale: cache never synced");
+      return;
+    }
+    setMark("live", "Live");
+  }
+
+  function showNotice(text, withRefresh) {
+    if (!notice) return;
+    notice.textContent = text + " ";
+    if (withRefresh) {
+      var b = document.createElement("button");
+      b.type = "button";
+      b.className = "button";
+      b.textContent = "Refresh";
+      b.addEventListener("click", function () { location.reload(); });
+      notice.appendChild(b);
+    }
+    notice.hidden = false;
+  }
+
+  // ---- applying snapshots and deltas ----------------------------------------------------------
+  function fragment(html) {
+    var t = document.createElement("template");
+    t.innerHTML = html.trim();
+    return t.content.firstElementChild;
+  }
+  function byAttr(root, name, value) {
+    return root.querySelector("[" + name + '="' + CSS.escape(value) + '"]');
+  }
+  function flash(el) {
+    el.classList.remove("changed");
+    void el.offsetWidth;  // restart the animation
+    el.classList.add("changed");
+  }
+
+  function applyInstances(msg, snapshot) {
+    var maps = document.querySelectorAll("[data-slot-map]");
+    if (!maps.length) return;
+    var html = msg.html || {};
+    var missingConfigs = {};
+    maps.forEach(function (map) {
+      (msg.removed || []).forEach(function (key) {
+        var old = byAttr(map, "data-instance", key);
+        if (old) old.remove();
+      });
+      var seen = {};
+      (msg.instances || []).forEach(function (inst) {
+        seen[inst.key] = true;
+        if (!html[inst.key]) return;
+        var row = fragment(html[inst.key]);
+        var old = byAttr(map, "data-instance", inst.key);
+        if (old) {
+          if (old.outerHTML === row.outerHTML) return;
+          old.replaceWith(row);
+        } else {
+          var section = byAttr(map, "data-configuration", inst.configuration);
+          var table = section && section.querySelector("table");
+          if (!table) { missingConfigs[inst.configuration] = true; return; }
+          var before = null;
+          var bodies = table.querySelectorAll("tbody[data-instance]");
+          for (var i = 0; i < bodies.length; i++) {
+            if (bodies[i].dataset.instance > inst.key) { before = bodies[i]; break; }
+          }
+          table.insertBefore(row, before);
+        }
+        renderTimes(row);
+        flash(row);
+      });
+      // A complete snapshot is the whole truth for this view: drop what it no longer has.
+      if (snapshot && !msg.truncated) {
+        map.querySelectorAll("tbody[data-instance]").forEach(function (el) {
+          if (!seen[el.dataset.instance]) el.remove();
+        });
+      }
+    });
+    var shown = document.querySelector("[data-shown-slots]");
+    if (shown) shown.textContent = String(document.querySelectorAll("[data-slot-map] tr[data-slot]").length);
+    var names = Object.keys(missingConfigs);
+    if (names.length) showNotice("New Instances of " + names.join(", ") + " are not on this page yet.", true);
+  }
+
+  function applyCounts(summary) {
+    if (!summary) return;
+    document.querySelectorAll("[data-count-config]").forEach(function (el) {
+      var c = summary.configurations[el.dataset.countConfig];
+      var text = String(c ? c[el.dataset.count] || 0 : 0);
+      if (el.textContent !== text) el.textContent = text;
+    });
+    document.querySelectorAll("[data-count-node]").forEach(function (el) {
+      var n = summary.nodes[el.dataset.countNode];
+      var text = String(n ? n[el.dataset.count] || 0 : 0);
+      if (el.textContent !== text) el.textContent = text;
+    });
+    document.querySelectorAll("[data-count-total]").forEach(function (el) {
+      var text = String(summary.totals[el.dataset.countTotal] || 0);
+      if (el.textContent !== text) el.textContent = text;
+    });
+  }
+
+  function runMatches(table, run) {
+    var keys = ["scope", "node", "trigger", "result"];
+    for (var i = 0; i < keys.length; i++) {
+      var want = table.getAttribute("data-filter-" + keys[i]);
+      if (want && String(run[keys[i]]) !== want) return false;
+    }
+    return true;
+  }
+
+  function applyRuns(msg) {
+    var runs = msg.runs || [];
+    if (!runs.length) return;
+    var html = msg.runs_html || {};
+    var table = document.querySelector("table[data-runs-table]");
+    if (table) {
+      var tbody = table.tBodies[0];
+      runs.forEach(function (run) {
+        var frag = html[String(run.id)];
+        if (!frag) return;
+        var row = fragment(frag);
+        var old = byAttr(tbody, "data-run", String(run.id));
+        if (old) { old.replaceWith(row); }
+        else if (table.hasAttribute("data-appendable") && runMatches(table, run)) {
+          tbody.insertBefore(row, tbody.firstElementChild);
+          var empty = document.querySelector("[data-runs-empty]");
+          if (empty) empty.remove();
+        } else { return; }
+        renderTimes(row);
+        flash(row);
+      });
+    }
+    var last = document.querySelector("[data-last-run]");
+    if (last) {
+      var newest = runs[runs.length - 1];
+      var shown = last.querySelector("time");
+      if (!shown || new Date(shown.getAttribute("datetime")) <= new Date(newest.started_at)) {
+        var a = document.createElement("a");
+        a.href = newest.url;
+        var t = document.createElement("time");
+        t.setAttribute("datetime", newest.started_at);
+        a.appendChild(t);
+        last.replaceChildren(a);
+        renderTimes(last);
+        var detail = document.querySelector("[data-last-run-detail]");
+        if (detail) {
+          detail.textContent = newest.scope + (newest.node ? " " + newest.node : "") + ", " + newest.trigger +
+            ": released " + newest.released + ", restored " + newest.restored +
+            ", conflicts " + newest.conflicts + ", errors " + newest.errors;
+        }
+      }
+    }
+  }
+
+  function apply(msg, snapshot) {
+    if (msg.sync) sync = msg.sync;
+    applyCounts(msg.summary);
+    if (view === "slots") applyInstances(msg, snapshot);
+    applyRuns(msg);
+    if (snapshot && msg.truncated && connectedOnce) {
+      showNotice("Reconnected. Changes made while offline may be missing from this long page.", true);
+    }
+    updateMark();
+  }
+
+  function handle(msg) {
+    switch (msg.type) {
+      case "snapshot":
+        pending = [];
+        overflowed = false;
+        apply(msg, true);
+        connectedOnce = true;
+        break;
+      case "delta":
+        if (document.hidden) {
+          if (pending.length < MAX_PENDING) pending.push(msg); else overflowed = true;
+        } else {
+          apply(msg, false);
+        }
+        break;
+      case "pong":
+        sync = msg.sync;
+        updateMark();
+        break;
+      case "error":
+        showNotice("Live updates stopped: " + msg.error, true);
+        break;
+    }
+  }
+
+  function flushPending() {
+    if (overflowed && ws && ws.readyState === WebSocket.OPEN) {
+      ws.send(JSON.stringify({ type: "refresh" }));
+    } else {
+      pending.forEach(function (msg) { apply(msg, false); });
+    }
+    pending = [];
+    overflowed = false;
+  }
+
+  // ---- connection -----------------------------------------------------------------------------
+  function heartbeat() {
+    clearTimeout(pingTimer);
+    var every = document.hidden ? PING_HIDDEN_MS : PING_MS;
+    pingTimer = setTimeout(function () {
+      if (!ws || ws.readyState !== WebSocket.OPEN) return;
+      // Nothing heard for two beats: the connection is dead even if the socket says open.
+      if (lastMessageAt !== null && Date.now() - lastMessageAt > 2 * every + 5000) {
+        ws.close();
+        return;
+      }
+      ws.send(JSON.stringify({ type: "ping" }));
+      heartbeat();
+    }, every);
+  }
+
+  function scheduleReconnect() {
+    clearTimeout(retryTimer);
+    var base = Math.min(MAX_BACKOFF_MS, 1000 * Math.pow(2, attempt));
+    attempt += 1;
+    var delay = base / 2 + Math.random() * (base / 2);
+    if (document.hidden) delay = Math.max(delay, HIDDEN_RETRY_MS);
+    retryTimer = setTimeout(connect, delay);
+  }
+
+  function connect() {
+    clearTimeout(retryTimer);
+    retryTimer = null;
+    var scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    var query = body.dataset.liveQuery;
+    var socket = new WebSocket(scheme + "//" + location.host + body.dataset.wsPath + (query ? "?" + query : ""));
+    ws = socket;
+    socket.addEventListener("open", function () {
+      attempt = 0;
+      lostAt = null;
+      lastMessageAt = Date.now();
+      heartbeat();
+      updateMark();
+    });
+    socket.addEventListener("message", function (event) {
+      lastMessageAt = Date.now();
+      var msg;
+      try { msg = JSON.parse(event.data); } catch (e) { return; }
+      handle(msg);
+    });
+    socket.addEventListener("close", function (event) {
+      if (ws !== socket) return;
+      ws = null;
+      clearTimeout(pingTimer);
+      if (lostAt === null) lostAt = Date.now();
+      if (event.code === 4400) {
+        // The server refused what this page sent; retrying would be refused the same way.
+        stopped = true;
+        setMark("stale", "Not live: " + (event.reason || "refused by the server"));
+        return;
+      }
+      updateMark();
+      scheduleReconnect();
+    });
+  }
+
+  // ---- wiring ---------------------------------------------------------------------------------
+  document.addEventListener("DOMContentLoaded", function () {
+    var refresh = document.getElementById("refresh");
+    if (refresh) refresh.addEventListener("click", function () { location.reload(); });
+    renderTimes(document);
+    document.addEventListener("akri:times", function () { renderTimes(document); });
+    setInterval(function () {
+      if (!document.hidden) renderTimes(document);
+      updateMark();
+    }, 5000);
+    if (!view || !("WebSocket" in window)) return;
+    document.addEventListener("visibilitychange", function () {
+      if (document.hidden) return;
+      flushPending();
+      heartbeat();
+      if (!ws && !stopped) connect();  // retrying slowly while hidden: try now
+    });
+    connect();
+  });
+})();
