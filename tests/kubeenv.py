@@ -150,7 +150,7 @@ def apply_crds(api_client: client.ApiClient, timeout: float = 60.0) -> None:
             time.sleep(0.2)
 
 
-def _restore_simulator(sim: ApiServerSimulator) -> None:
+def restore_simulator(sim: ApiServerSimulator) -> None:
     sim.clear_faults()
     sim.set_history_limit(SIM_HISTORY_LIMIT)
     sim.set_watch_cap(SIM_WATCH_CAP)
@@ -192,7 +192,7 @@ def _kube_session(
 def kube(_kube_session: _KubeSession) -> Iterator[KubeEnv]:
     """A client and a fresh namespace on the simulator or on AKRI_TEST_KUBECONFIG's server."""
     if _kube_session.simulator is not None:
-        _restore_simulator(_kube_session.simulator)
+        restore_simulator(_kube_session.simulator)
     env = KubeEnv(_kube_session, _random_namespace())
     core = client.CoreV1Api(env.api_client)
     core.create_namespace(
@@ -209,4 +209,4 @@ def kube(_kube_session: _KubeSession) -> Iterator[KubeEnv]:
                     raise
         env.close()
         if _kube_session.simulator is not None:
-            _restore_simulator(_kube_session.simulator)
+            restore_simulator(_kube_session.simulator)

@@ -16,7 +16,7 @@ from kubernetes import client, config, watch
 from kubernetes.client import ApiException
 
 from agent.simulator.apiserver import ApiServerSimulator
-from tests.kubeenv import KubeEnv, _restore_simulator
+from tests.kubeenv import KubeEnv, restore_simulator
 
 pytest_plugins = ["tests.kubeenv"]
 
@@ -59,9 +59,9 @@ WIDGET_CRD = {
 
 @pytest.fixture
 def sim(apiserver: ApiServerSimulator) -> Iterator[ApiServerSimulator]:
-    _restore_simulator(apiserver)
+    restore_simulator(apiserver)
     yield apiserver
-    _restore_simulator(apiserver)
+    restore_simulator(apiserver)
 
 
 @pytest.fixture
@@ -169,6 +169,26 @@ def test_it_starts_fast_serves_and_stops_with_custom_crds(tmp_path: Path) -> Non
         api_client.close()
     with pytest.raises(urllib3.exceptions.MaxRetryError):
         urllib3.PoolManager(retries=0).request("GET", server.url + "/version")
+
+
+def test_a_restart_keeps_the_url_and_the_objects(tmp_path: Path) -> None:
+    server = ApiServerSimulator(crd_dir=tmp_path).start()
+    try:
+        url = server.url
+        with server.api_client() as api_client:
+            client.CoreV1Api(api_client).create_namespaced_config_map(
+                NS, {"metadata": {"name": "cm"}}
+            )
+        server.stop()
+        server.start()
+        assert server.url == url
+        with server.api_client() as api_client:
+            assert (
+                client.CoreV1Api(api_client).read_namespaced_config_map("cm", NS).metadata.name
+                == "cm"
+            )
+    finally:
+        server.stop()
 
 
 def test_it_writes_a_kubeconfig_that_load_kube_config_accepts(sim, tmp_path: Path) -> None:
@@ -454,9 +474,11 @@ def test_a_no_op_write_changes_nothing_and_emits_no_event(sim, co) -> None:
     co.patch_namespaced_custom_object(
         GROUP, VERSION, NS, "instances", "i1", {"spec": {"capacity": 5}}
     )
+    # Events come in rv order, so the first one after `rv` is the real change.
     events = collect(co.list_namespaced_custom_object, GROUP, VERSION, NS, "instances",
-                     resource_version=rv, count=5, timeout=1)  # fmt: skip
-    assert [e["type"] for e in events] == ["MODIFIED"]
+                     resource_version=rv, count=1)  # fmt: skip
+    assert [(e["type"], e["raw_object"]["spec"]["capacity"]) for e in events] == [("MODIFIED", 5)]
+    assert int(events[0]["raw_object"]["metadata"]["resourceVersion"]) == int(rv) + 1
 
 
 # -- PATCH -----------------------------------------------------------------------------------

@@ -5,5 +5,6 @@ property-tested alone and reused by the agent, the controller, the simulator and
 
 Modules: `naming` (digests, names, env vars), `slots` (deviceUsage values and per-slot health),
 `claims` (claim/release decisions and conditional JSON patches), `cl` (Configuration-level
-virtual devices), `jsonpatch` (a small RFC 6902 applier), `errors` (exceptions).
+virtual devices), `jsonpatch` (a small RFC 6902 applier), `errors` (exceptions),
+`configspec` (reading a Configuration with Akri's defaults).
 """

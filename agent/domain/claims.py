@@ -72,7 +72,7 @@ def decide_claim(state: InstanceState, key: str, wanted: str) -> ClaimOutcome:
         return ClaimOutcome.ALREADY_OURS
     if usage.kind is UsageKind.FOREIGN:
         return ClaimOutcome.FOREIGN
-    if not usage.is_free and usage.node == "never":
+    if not usage.is_free:
         return ClaimOutcome.TAKEN
     if index >= state.capacity:
         return ClaimOutcome.NO_SLOT
@@ -93,7 +93,7 @@ def claim_patch(state: InstanceState, key: str, wanted: str, resource_version: s
         raise ForeignValue(key, state.usage(key).raw)
     if outcome is ClaimOutcome.NO_SLOT:
         raise InvalidDeviceId(key, f"not a slot of {state.name} (capacity {state.capacity})")
-    if True:
+    if state.device_usage.get(key) == "":
         return [
             {"op": "test", "path": usage_path(key), "value": ""},
             {"op": "replace", "path": usage_path(key), "value": wanted},

@@ -150,7 +150,9 @@ class InstanceWriter:
             code, reason, message = status_of(exc)
             if code == 409:
                 return None
-            raise InstanceWriteError(f"creating Instance {desired.name}: {code} {message}") from None
+            raise InstanceWriteError(
+                f"creating Instance {desired.name}: {code} {message}"
+            ) from None
         except HTTPError as exc:
             raise InstanceWriteError(f"creating Instance {desired.name}: {exc}") from None
         log.info("created Instance %s (nodes [%s])", desired.name, self.node)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -58,11 +59,10 @@ class LoopThread:
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule a plain callback on the loop, from any thread; a no-op once stopped."""
+        # RuntimeError: the loop closed between the check and the call.
         if not self.loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(fn, *args)
-            except RuntimeError:  # closed between the check and the call
-                pass
 
     async def in_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Await ``fn(*args)`` run in the blocking pool."""
@@ -80,10 +80,8 @@ class LoopThread:
         barrier = threading.Barrier(self._workers)
 
         def close() -> None:
-            try:
+            with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=2)
-            except threading.BrokenBarrierError:
-                pass
             connections.close_all()
 
         try:

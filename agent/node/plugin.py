@@ -110,7 +110,9 @@ class DevicePlugin:
         raise NotImplementedError
 
     def preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
-        raise AllocateRefused(grpc.StatusCode.UNIMPLEMENTED, "GetPreferredAllocation is not offered")
+        raise AllocateRefused(
+            grpc.StatusCode.UNIMPLEMENTED, "GetPreferredAllocation is not offered"
+        )
 
     # --- lifecycle (on the loop) ------------------------------------------------------------
     @property
@@ -230,7 +232,9 @@ class DevicePlugin:
             if devices is not None and devices != last:
                 last = devices
                 self.updates_sent += 1
-                yield dp.ListAndWatchResponse(devices=[dp.Device(ID=i, health=h) for i, h in devices])
+                yield dp.ListAndWatchResponse(
+                    devices=[dp.Device(ID=i, health=h) for i, h in devices]
+                )
             await changed.wait()
 
     async def allocate_rpc(self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext):
@@ -238,7 +242,9 @@ class DevicePlugin:
         try:
             return await self.agent.loop.in_pool(self.allocate, request)
         except AllocateRefused as exc:
-            log.warning("%s: Allocate %s refused: %s", self.resource_name, _ids(request), exc.message)
+            log.warning(
+                "%s: Allocate %s refused: %s", self.resource_name, _ids(request), exc.message
+            )
             await context.abort(exc.code, exc.message)
         except Exception as exc:
             log.exception("%s: Allocate %s failed", self.resource_name, _ids(request))

@@ -104,5 +104,7 @@ def uses_of(answer: pr.ListPodResourcesResponse) -> list[DeviceUse]:
                     use = DeviceUse(
                         devices.resource_name, device_id, pod.namespace, pod.name, container.name
                     )
-                    uses[(use.resource_name, device_id, use.namespace, use.pod, use.container)] = use
+                    uses[(use.resource_name, device_id, use.namespace, use.pod, use.container)] = (
+                        use
+                    )
     return list(uses.values())

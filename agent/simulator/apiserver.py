@@ -561,8 +561,9 @@ class ApiServerSimulator:
             raise _no_route()
         if group == "" and rest == ["bindings"] and namespace and method == "POST":
             # The older form of pods/binding: the pod is named in the Binding's metadata.
-            body = _json_body(raw)
-            pod_name = ((body or {}).get("metadata") or {}).get("name", "")
+            body = _object_body(raw, ctype)
+            meta = body.get("metadata") if isinstance(body, dict) else None
+            pod_name = meta.get("name", "") if isinstance(meta, dict) else ""
             pods = self.store.types[("", "pods")]
             return 201, self._bind(pods, namespace, pod_name, body)
         rt = self.store.resolve(group, version, rest[0])
@@ -601,7 +602,7 @@ class ApiServerSimulator:
                     return None
                 return 200, self._list(rt, version, namespace, query)
             if method == "POST" and (namespace is not None or not rt.namespaced):
-                obj = store.create(rt, version, ns, _json_body(raw), dry_run)
+                obj = store.create(rt, version, ns, _object_body(raw, ctype), dry_run)
                 return 201, _present(obj, rt, version)
             if method == "DELETE":
                 return 200, self._delete_collection(rt, namespace, query, dry_run)
@@ -613,26 +614,28 @@ class ApiServerSimulator:
                     return None
                 return 200, _present(store.get(rt, ns, name), rt, version)
             if method == "PUT":
-                obj = store.update(rt, version, ns, name, _json_body(raw), None, dry_run)
+                obj = store.update(rt, version, ns, name, _object_body(raw, ctype), None, dry_run)
                 return 200, _present(obj, rt, version)
             if method == "PATCH":
                 return 200, _present(self._patch(rt, version, ns, name, None, raw, ctype, dry_run),
                                      rt, version)  # fmt: skip
             if method == "DELETE":
-                return self._delete(rt, version, ns, name, raw, query, dry_run)
+                return self._delete(rt, version, ns, name, raw, ctype, dry_run)
             raise _not_allowed()
         if sub == "status" and rt.status:
             if method == "GET":
                 return 200, _present(store.get(rt, ns, name), rt, version)
             if method == "PUT":
-                obj = store.update(rt, version, ns, name, _json_body(raw), "status", dry_run)
+                obj = store.update(
+                    rt, version, ns, name, _object_body(raw, ctype), "status", dry_run
+                )
                 return 200, _present(obj, rt, version)
             if method == "PATCH":
                 obj = self._patch(rt, version, ns, name, "status", raw, ctype, dry_run)
                 return 200, _present(obj, rt, version)
             raise _not_allowed()
         if sub == "binding" and rt.key == ("", "pods") and method == "POST":
-            return 201, self._bind(rt, ns, name, _json_body(raw))
+            return 201, self._bind(rt, ns, name, _object_body(raw, ctype))
         raise _no_route()
 
     @staticmethod
@@ -733,10 +736,10 @@ class ApiServerSimulator:
         ns: str,
         name: str,
         raw: bytes,
-        query: dict[str, str],
+        ctype: str | None,
         dry_run: bool,
     ) -> tuple[int, dict]:
-        options = _json_body(raw) if raw.strip() else {}
+        options = _object_body(raw, ctype) if raw.strip() else {}
         if not isinstance(options, dict):
             raise bad_request("DeleteOptions must be a JSON object")
         dry_run = dry_run or bool(options.get("dryRun"))
@@ -984,6 +987,26 @@ class _WatchStream:
                 handler.close_connection = True
                 return
         handler.end_stream()
+
+
+def _object_body(raw: bytes, ctype: str | None) -> Any:
+    """A create/update/delete body: JSON (what the Python client sends) or YAML; no protobuf."""
+    media = (ctype or "").split(";")[0].strip().lower()
+    if media in ("", "application/json", "*/*"):
+        return _json_body(raw)
+    if media == "application/yaml":
+        try:
+            return yaml.load(raw, Loader=_yaml_loader())
+        except yaml.YAMLError as exc:
+            raise bad_request(
+                f"the body of the request could not be decoded as YAML: {exc}"
+            ) from exc
+    raise ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format ({media}) - accepted media types "
+        "include: application/json, application/yaml",
+    )
 
 
 def _json_body(raw: bytes, what: str = "body") -> Any:

@@ -280,6 +280,7 @@ class EventViewSet(_ReadOnly):
 class SchemaView(SpectacularAPIView):
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsViewer]
+    schema = None  # not part of the API it describes
     custom_settings = {
         "TITLE": "akri-site API",
         "DESCRIPTION": "Read-only view of the akri-site cluster cache and its history.",

@@ -29,8 +29,8 @@ from agent.models import Instance, ReconcileRun
 from akri_site.dashboard import queries
 from akri_site.dashboard.access import can_release, can_view
 from akri_site.dashboard.forms import SlotFilterForm
+from akri_site.dashboard.fragments import instances_html, runs_html
 from akri_site.dashboard.live import LIVE_GROUP
-from akri_site.dashboard.render import instances_html, runs_html
 from akri_site.dashboard.slotmap import base_queryset, iso, narrow, serialize, summary
 
 log = logging.getLogger(__name__)

@@ -186,7 +186,11 @@ def slot_matches(
 
 
 def narrow(instance: Mapping[str, Any], f: Mapping[str, str]) -> dict[str, Any] | None:
-    """The Instance with only the slots matching ``f``; None when nothing of it matches."""
+    """The Instance if any of it matches ``f``, with ``match``: the keys of matching slots.
+
+    All slots stay in ``slots``: the map shows a matching slot beside its neighbours, which
+    often explain it (a node that cannot get a slot because the others are held).
+    """
     for key in ("configuration", "namespace"):
         wanted = f.get(key)
         if wanted and instance[key] != wanted:
@@ -195,23 +199,31 @@ def narrow(instance: Mapping[str, Any], f: Mapping[str, str]) -> dict[str, Any] 
         return None
     if f.get("q") and f["q"].lower() not in instance["name"].lower():
         return None
-    if not (f.get("state") or f.get("node")):
-        return dict(instance)
-    shown = [s for s in instance["slots"] if slot_matches(s, instance, f)]
-    # An Instance a node can see but with no slot rows yet still belongs to that node's view.
-    if shown or (not f.get("state") and f.get("node") in instance["nodes"]):
-        return {**instance, "slots": shown}
+    match = [s["key"] for s in instance["slots"] if slot_matches(s, instance, f)]
+    # An Instance with no slot rows yet still belongs to an unfiltered view and to the view
+    # of a node that can see it.
+    empty_ok = not instance["slots"] and not f.get("state")
+    if match or (empty_ok and (not f.get("node") or f["node"] in instance["nodes"])):
+        return {**instance, "match": match}
     return None
 
 
 def slot_map(filters: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The Instances matching ``filters``, each narrowed to its matching slots."""
+    """The Instances matching ``filters``, each with the keys of its matching slots."""
     result = []
     for instance in serialize(base_queryset(filters)):
         narrowed = narrow(instance, filters)
         if narrowed is not None:
             result.append(narrowed)
     return result
+
+
+def columns(instances: Iterable[Mapping[str, Any]]) -> int:
+    """Slot columns a grid needs: capacity, or more when surplus slots remain."""
+    width = 0
+    for instance in instances:
+        width = max(width, instance["capacity"], *(s["index"] + 1 for s in instance["slots"]))
+    return width
 
 
 def group_by_configuration(
@@ -229,10 +241,11 @@ def group_by_configuration(
             groups[name] = {"name": name, "instances": [], "shown": 0, "counts": whole}
         group = groups[name]
         group["instances"].append(instance)
-        group["shown"] += len(instance["slots"])
+        group["shown"] += len(instance.get("match", instance["slots"]))
     for group in groups.values():
         if group["counts"] is None:
             group["counts"] = count_slots(s for i in group["instances"] for s in i["slots"])
+        group["columns"] = columns(group["instances"])
     return list(groups.values())
 
 

@@ -28,10 +28,9 @@ from agent.models import (
     SlotEvent,
     SlotPodBinding,
 )
-from akri_site.dashboard import queries, slotmap
+from akri_site.dashboard import fragments, queries, slotmap
 from akri_site.dashboard.access import can_release, role_of, viewer_required
 from akri_site.dashboard.forms import AuditFilterForm, RunFilterForm, SlotFilterForm
-from akri_site.dashboard.render import link_prefixes
 
 # Instances per slot-map page: large enough that a filter to one Configuration or node of a
 # big cluster (2,000 Instances) still shows all of it on one page.
@@ -75,7 +74,7 @@ def page_context(request: HttpRequest, **context: Any) -> dict[str, Any]:
     return {
         "role": role_of(request.user),
         "can_release": can_release(request.user),
-        **link_prefixes(),
+        **fragments.link_prefixes(),
         **context,
     }
 
@@ -137,6 +136,7 @@ def slot_map(request: HttpRequest) -> HttpResponse:
         return _render(request, "dashboard/slots.html", 400, errors=[str(exc)], **context)
     instances = list(page.object_list)
     counts = slotmap.summary()
+    groups = slotmap.group_by_configuration(instances, counts)
     return _render(
         request,
         "dashboard/slots.html",
@@ -144,8 +144,9 @@ def slot_map(request: HttpRequest) -> HttpResponse:
         live_query=_live_query("slots", filters),
         page=page,
         links=_page_links(request, page),
-        groups=slotmap.group_by_configuration(instances, counts),
-        shown=sum(len(i["slots"]) for i in instances),
+        groups=groups,
+        grid=fragments.slot_grid(groups, can_release(request.user)),
+        shown=sum(len(i["match"]) for i in instances),
         summary=counts,
         instance_total=Instance.objects.count(),
         **context,
@@ -175,7 +176,9 @@ def instance_detail(request: HttpRequest, namespace: str, name: str) -> HttpResp
         configuration_known=Configuration.objects.filter(
             namespace=namespace, name=row.configuration_name
         ).exists(),
-        groups=slotmap.group_by_configuration([data], slotmap.summary()),
+        grid=fragments.slot_grid(
+            slotmap.group_by_configuration([data], slotmap.summary()), can_release(request.user)
+        ),
         pods=_pods_of(data),
         bindings=SlotPodBinding.objects.filter(namespace=namespace, instance=name).order_by(
             "node", "slot"
@@ -216,12 +219,14 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     if node is None and not instances and not ReconcileRun.objects.filter(node=name).exists():
         raise Http404(f"No node named {name} is known.")
     held = [s for i in instances for s in i["slots"] if s["node"] == name]
+    groups = slotmap.group_by_configuration(instances, slotmap.summary())
     return _render(
         request,
         "dashboard/node.html",
         name=name,
         node=node,
-        groups=slotmap.group_by_configuration(instances, slotmap.summary()),
+        groups=groups,
+        grid=fragments.slot_grid(groups, can_release(request.user)),
         held=slotmap.count_slots(held),
         levels={lvl: sum(1 for s in held if s["level"] == lvl) for lvl in ("IL", "CL")},
         pods=Pod.objects.filter(node_name=name).order_by("namespace", "name"),

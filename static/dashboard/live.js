@@ -1,7 +1,8 @@
 // Live dashboard: a snapshot on connect, then deltas over the websocket (ws/live/).
 //
 // The server renders every row; deltas carry the same rows as HTML fragments from the same
-// templates (`html` by Instance key, `runs_html` by run id), swapped in place by data attribute.
+// renderers (`html`: one <tr> by Instance key; `runs_html` by run id), swapped in place by
+// data attribute.
 // The mark in the header says, in words, whether what you see is live:
 //   "Live"             connected, and the cache's watchers synced recently;
 //   "Reconnecting…"    the socket dropped, retrying with exponential backoff;
@@ -152,27 +153,27 @@
           old.replaceWith(row);
         } else {
           var section = byAttr(map, "data-configuration", inst.configuration);
-          var table = section && section.querySelector("table");
-          if (!table) { missingConfigs[inst.configuration] = true; return; }
+          var tbody = section && section.querySelector("table tbody");
+          if (!tbody) { missingConfigs[inst.configuration] = true; return; }
           var before = null;
-          var bodies = table.querySelectorAll("tbody[data-instance]");
-          for (var i = 0; i < bodies.length; i++) {
-            if (bodies[i].dataset.instance > inst.key) { before = bodies[i]; break; }
+          var rows = tbody.querySelectorAll("tr[data-instance]");
+          for (var i = 0; i < rows.length; i++) {
+            if (rows[i].dataset.instance > inst.key) { before = rows[i]; break; }
           }
-          table.insertBefore(row, before);
+          tbody.insertBefore(row, before);
         }
         renderTimes(row);
         flash(row);
       });
       // A complete snapshot is the whole truth for this view: drop what it no longer has.
       if (snapshot && !msg.truncated) {
-        map.querySelectorAll("tbody[data-instance]").forEach(function (el) {
+        map.querySelectorAll("tr[data-instance]").forEach(function (el) {
           if (!seen[el.dataset.instance]) el.remove();
         });
       }
     });
     var shown = document.querySelector("[data-shown-slots]");
-    if (shown) shown.textContent = String(document.querySelectorAll("[data-slot-map] tr[data-slot]").length);
+    if (shown) shown.textContent = String(document.querySelectorAll("[data-slot-map] td[data-slot]:not(.dim)").length);
     var names = Object.keys(missingConfigs);
     if (names.length) showNotice("New Instances of " + names.join(", ") + " are not on this page yet.", true);
   }

@@ -1,0 +1,176 @@
+"""The Configuration-level (CL) device plugin: resource ``akri.sh/<configuration>``, one per
+Configuration on each node that can use at least one of its Instances.
+
+It advertises virtual devices ``<configuration>-<n>`` (``cl_devices``: vdevs this node holds
+are Unhealthy, Akri #849; of the rest, as many are Healthy as slots can be claimed now).
+Allocate maps each requested vdev to a real slot with ``plan_cl_claims`` and writes
+``C:<vdev>:<node>`` there through the claim store, the slots of one request concurrently. It
+is all or nothing: if any claim fails, every claim this call made is released and the kubelet
+gets a clear refusal ("3 unique devices requested, 2 available").
+
+One lock per plugin serialises Allocates (Akri PR #844): two plans from one snapshot could map
+two vdevs onto the same free slot. A slot lost to another node between plan and write makes
+the plan run again on fresh Instances; what was already claimed then shows as held by this
+node and is kept, as a kubelet re-ask would be (Akri #843).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import grpc
+
+from agent.domain.cl import cl_devices, plan_cl_claims, preferred_allocation
+from agent.domain.errors import InsufficientDevices, InvalidDeviceId
+from agent.domain.naming import cl_resource_name
+from agent.domain.slots import format_cl
+from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot
+from agent.node.il import claim_refusal
+from agent.node.plugin import AllocateRefused, DevicePlugin
+from agent.node.responses import Granted, container_response
+from agent.protos import deviceplugin_pb2 as dp
+
+if TYPE_CHECKING:
+    from agent.node.agent import NodeAgent
+
+log = logging.getLogger(__name__)
+
+PLAN_ATTEMPTS = 3
+
+Claim = tuple[str, str, str]  # (instance, slot key, value)
+
+
+class ConfigurationPlugin(DevicePlugin):
+    level = "CL"
+
+    def __init__(self, agent: NodeAgent, configuration: str) -> None:
+        super().__init__(agent, configuration, cl_resource_name(configuration))
+        self.configuration = configuration
+        self._allocate_lock = threading.Lock()
+
+    def options(self) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    def unique(self) -> bool:
+        spec = self.agent.view.spec(self.configuration)
+        return spec.unique_devices if spec else True
+
+    def devices(self) -> list[tuple[str, str]]:
+        states = self.agent.view.states(self.configuration)
+        return cl_devices(self.configuration, states, self.agent.node_name, self.unique())
+
+    def preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        response = dp.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = preferred_allocation(
+                list(container.available_deviceIDs),
+                list(container.must_include_deviceIDs),
+                container.allocation_size,
+            )
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    # --- Allocate ---------------------------------------------------------------------------
+    def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+        if not request.container_requests:
+            raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
+        instances = [o["metadata"]["name"] for o in self.agent.view.instances(self.configuration)]
+        with self._allocate_lock, self.agent.serialized(*instances):
+            made: list[Claim] = []
+            plans: list[list[Claim]] = []
+            try:
+                for container in request.container_requests:
+                    plans.append(self._allocate_container(list(container.devices_ids), made))
+            except AllocateRefused:
+                for instance, key, value in made:
+                    self.agent.release_quietly(
+                        instance, key, value, "the same Allocate was refused"
+                    )
+                raise
+            return self._answer(request, plans)
+
+    def _allocate_container(self, vdevs: list[str], made: list[Claim]) -> list[Claim]:
+        self._check_ids(vdevs)
+        for _ in range(PLAN_ATTEMPTS):
+            plan = self._plan(vdevs)
+            if self._claim_all(plan, made):
+                return plan
+            log.info("%s: a planned slot was taken meanwhile; planning again", self.resource_name)
+        raise AllocateRefused(
+            grpc.StatusCode.UNKNOWN,
+            f"Unable to claim slots for {self.resource_name}: other nodes kept taking them",
+        )
+
+    def _check_ids(self, vdevs: list[str]) -> None:
+        if not vdevs:
+            raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no device ids requested")
+        advertised = {device_id for device_id, _ in self.devices()}
+        for vdev in vdevs:
+            if vdev not in advertised:
+                raise AllocateRefused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Invalid device id {vdev}: not a device of {self.resource_name}",
+                )
+
+    def _plan(self, vdevs: list[str]) -> list[Claim]:
+        node = self.agent.node_name
+        states = self.agent.view.states(self.configuration)
+        try:
+            plan = plan_cl_claims(states, node, vdevs, self.unique(), self.configuration)
+        except InvalidDeviceId as exc:
+            raise AllocateRefused(
+                grpc.StatusCode.INVALID_ARGUMENT, f"Invalid device id {exc.device_id}: {exc.reason}"
+            ) from None
+        except InsufficientDevices as exc:
+            raise AllocateRefused(
+                grpc.StatusCode.UNKNOWN, f"Unable to allocate {self.resource_name}: {exc}"
+            ) from None
+        return [(instance, key, format_cl(vdev, node)) for vdev, instance, key in plan]
+
+    def _claim_all(self, plan: list[Claim], made: list[Claim]) -> bool:
+        """Claim every slot of ``plan`` at once. True when all are ours now; False when one
+        was taken by someone else (plan again). Other failures refuse the request."""
+        futures: list[tuple[Claim, Future]] = [
+            (claim, self.agent.claim_pool.submit(self._claim_one, *claim)) for claim in plan
+        ]
+        taken: list[Claim] = []
+        refusal: AllocateRefused | None = None
+        for claim, future in futures:
+            try:
+                if future.result() == "claimed":
+                    made.append(claim)
+            except SlotTaken:
+                taken.append(claim)
+            except (UnknownSlot, ClaimStoreError) as exc:
+                refusal = refusal or claim_refusal(claim[0], claim[1], exc)
+        if refusal is not None:
+            raise refusal
+        for instance, _, _ in taken:
+            self.agent.refresh_instance(instance)
+        return not taken
+
+    def _claim_one(self, instance: str, key: str, value: str) -> str:
+        return self.agent.claims.claim(
+            instance,
+            key,
+            value,
+            node=self.agent.node_name,
+            detail=f"Allocate through {self.resource_name}",
+            current=self.agent.view.instance(instance),
+        )
+
+    def _answer(self, request: dp.AllocateRequest, plans: list[list[Claim]]) -> dp.AllocateResponse:
+        response = dp.AllocateResponse()
+        for container, plan in zip(request.container_requests, plans, strict=True):
+            grants = []
+            for (instance, key, value), vdev in zip(plan, container.devices_ids, strict=True):
+                obj = self.agent.view.instance(instance) or {"metadata": {"name": instance}}
+                grants.append(Granted(obj, self.agent.device_of(instance), key, value))
+                self.agent.allocated(instance, key, value, vdev, self.resource_name)
+            response.container_responses.append(container_response(grants, self.configuration))
+        return response

@@ -1,0 +1,1168 @@
+"""Node-local slot reconciliation: free a slot as soon as its pod is gone, never a live pod's.
+
+The kubelet has no Deallocate and never names the pod in Allocate (seed 002), so the agent
+keeps its own slot-to-pod map (``SlotPodBinding``, in the database so a restarted agent
+resumes) and fills it from three sources:
+
+- ``on_allocated``: the device plugin claimed a slot. The binding starts with no pod; the
+  kubelet records the assignment right after Allocate returns, so a PodResources ``List``
+  soon names the pod (a learn pass, polled with backoff while any binding is unnamed).
+- pod events from a watch on this node's pods: a pod deleted, or terminated (phase Succeeded
+  or Failed), releases the slots bound to it at once. Other pods' readiness never matters.
+- a periodic sweep (and one at start-up): a level-based pass over every slot this node holds,
+  every binding and every device the kubelet reports in use.
+
+Per slot, one pure rule (``decide``) says what to do:
+
+- in use by a live pod (PodResources, and the pod alive in the API): keep it and learn the
+  pod; if ``deviceUsage`` shows it free, claim it back (restore); if another node holds it,
+  record a conflict and leave it: never steal;
+- bound to a pod that is gone: release at once;
+- claimed by Allocate but its pod not yet seen: keep for the grace period, then release once
+  a ``List`` taken after the grace still lacks it. The grace covers only that window;
+- held without a binding (a crash between claim and binding, or an older agent): adopt it,
+  starting the grace now.
+
+Work on one Instance is serialized by a lock per Instance, which the device plugins take
+around claim + ``on_allocated`` (``serialized``); different Instances proceed in parallel.
+That decides seed 002's orderings: a delete handled before the claim frees the slot and the
+claim takes it fresh; a claim of a slot still held for the dead pod ("already ours") re-binds
+the slot to the new allocation, so the delete that follows finds no binding naming its pod.
+
+Writes go through the claim store (conditional, with events linked to a ``ReconcileRun``).
+Errors are temporary (the kubelet or API server could not answer: keep the books and retry at
+the next pass) or permanent (recorded in the run's detail and counted as errors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
+
+from agent import metrics
+from agent.domain.naming import cl_resource_name, il_resource_name, slot_index
+from agent.domain.slots import UsageKind, format_cl, format_il, parse_usage
+from agent.kube import cache
+from agent.kube.claims import (
+    ClaimStore,
+    ClaimStoreError,
+    InstanceGone,
+    SlotChanged,
+    SlotTaken,
+    UnknownSlot,
+)
+from agent.kube.client import AkriApi
+from agent.kube.watch import ResourceWatcher
+from agent.models import Instance, ReconcileRun, Slot, SlotEvent, SlotPodBinding
+from agent.node.podresources import (
+    RESOURCE_PREFIX,
+    DeviceUse,
+    PodResourcesClient,
+    PodResourcesUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+# Learn passes after an Allocate: soon, then backing off while the pod stays unnamed.
+LEARN_FIRST_DELAY = 0.02
+LEARN_MAX_DELAY = 1.0
+# Tombstones of deleted pods are kept this long (latency metric, GONE without a GET).
+TOMBSTONE_SECONDS = 3600.0
+DETAIL_LINES = 60
+
+
+# --- facts and the rule ---------------------------------------------------------------------
+class PodState(enum.Enum):
+    ALIVE = "alive"
+    GONE = "gone"  # deleted, replaced by a pod of the same name, or terminated
+    UNKNOWN = "unknown"  # cannot tell now: decide nothing that depends on it
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """A pod on this node as the API server last showed it."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str = ""
+    deleting: bool = False
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in TERMINATED_PHASES
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> PodInfo:
+        meta = obj.get("metadata") or {}
+        return cls(
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            phase=(obj.get("status") or {}).get("phase") or "",
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One row of the slot-to-pod map, as held in memory (the database row mirrors it)."""
+
+    slot: str
+    instance: str
+    device_id: str
+    resource_name: str
+    allocated_at: datetime
+    pod_namespace: str = ""
+    pod_name: str = ""
+    pod_uid: str = ""
+    container: str = ""
+    seen_at: datetime | None = None
+
+    @property
+    def pod_known(self) -> bool:
+        return bool(self.pod_name)
+
+    @property
+    def pod(self) -> str:
+        return f"{self.pod_namespace}/{self.pod_name}" if self.pod_name else ""
+
+
+def wanted_value(slot: str, device_id: str, node: str) -> str:
+    """The deviceUsage value a device id stands for: IL ids are the slot key, CL ids vdevs."""
+    return format_il(node) if device_id == slot else format_cl(device_id, node)
+
+
+class Act(enum.Enum):
+    KEEP = "keep"
+    LEARN = "learn"  # bind the slot to the pod PodResources names
+    ADOPT = "adopt"  # held without a binding: bind it, grace from now
+    RELEASE = "release"
+    RESTORE = "restore"  # in use by a live pod but free in deviceUsage: claim it back
+    CONFLICT = "conflict"  # in use by a live pod here, held by another holder: report only
+    FORGET = "forget"  # binding without a claim to release: drop the binding
+
+
+@dataclass(frozen=True)
+class Decision:
+    act: Act
+    why: str = ""
+
+
+KEEP = Decision(Act.KEEP)
+
+
+def decide(
+    *,
+    node: str,
+    slot: str,
+    value: str | None,
+    binding: Binding | None,
+    use: DeviceUse | None,
+    use_state: PodState,
+    bound_state: PodState,
+    listed_at: datetime | None,
+    now: datetime,
+    grace: timedelta,
+) -> Decision:
+    """What to do with one slot. Pure; every input is a fact as of now.
+
+    ``value`` is the slot's deviceUsage value in the cache (None: no such slot there);
+    ``use`` the PodResources entry for its device (None: not in use, or no List);
+    ``listed_at`` when that List was taken (None: no List this time).
+    """
+    usage = parse_usage(value) if value is not None else None
+    ours = usage is not None and usage.held_by(node)
+    # A List older than the binding's allocation says nothing about the new allocation.
+    fresh = use is not None and (
+        binding is None or listed_at is None or listed_at >= binding.allocated_at
+    )
+    if fresh and use_state is PodState.UNKNOWN:
+        return Decision(Act.KEEP, "in use by a pod the API server cannot confirm now")
+    if fresh and use_state is PodState.ALIVE:
+        if usage is None:
+            return Decision(Act.KEEP, "in use, but the slot is not in the cache")
+        if ours:
+            same = binding is not None and (
+                binding.pod_namespace,
+                binding.pod_name,
+                binding.container,
+            ) == (use.namespace, use.pod, use.container)
+            return KEEP if same else Decision(Act.LEARN, f"in use by {use.namespace}/{use.pod}")
+        if usage.is_free:
+            return Decision(
+                Act.RESTORE, f"in use by live pod {use.namespace}/{use.pod}, free in deviceUsage"
+            )
+        return Decision(
+            Act.CONFLICT, f"in use by live pod {use.namespace}/{use.pod}, held by {usage.raw!r}"
+        )
+    if binding is None:
+        return Decision(Act.ADOPT, "held without a binding") if ours else KEEP
+    if binding.pod_known:
+        if bound_state is not PodState.GONE:
+            return KEEP  # a live (or unconfirmed) pod's slot is never freed
+        why = f"pod {binding.pod} is gone"
+        return Decision(Act.RELEASE, why) if ours else Decision(Act.FORGET, why)
+    expires = binding.allocated_at + grace
+    if now < expires or listed_at is None or listed_at < expires:
+        return KEEP  # Allocate's window: the pod may not show in PodResources yet
+    why = f"no pod holds it {grace.total_seconds():g} s after Allocate"
+    return Decision(Act.RELEASE, why) if ours else Decision(Act.FORGET, why)
+
+
+# --- pods on this node --------------------------------------------------------------------
+class PodIndex:
+    """Pods on this node as the watch shows them, plus tombstones of deleted ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], PodInfo] = {}
+        self._gone: dict[tuple[str, str, str], float] = {}  # (ns, name, uid) -> monotonic
+        self.synced = False
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> PodInfo:
+        info = PodInfo.from_object(obj)
+        key = (info.namespace, info.name)
+        with self._lock:
+            if kind == "DELETED":
+                current = self._pods.get(key)
+                if current is None or current.uid == info.uid:
+                    self._pods.pop(key, None)
+                self._bury(info)
+            else:
+                self._pods[key] = info
+                if info.terminated:
+                    self._bury(info)
+        return info
+
+    def replace(self, objects: Iterable[dict[str, Any]]) -> list[PodInfo]:
+        """After a (re)list: the listed pods are all there is. Returns the pods that vanished."""
+        fresh = {}
+        for obj in objects:
+            info = PodInfo.from_object(obj)
+            fresh[(info.namespace, info.name)] = info
+        with self._lock:
+            vanished = [p for k, p in self._pods.items() if k not in fresh or fresh[k].uid != p.uid]
+            for info in vanished:
+                self._bury(info)
+            self._pods = fresh
+            self.synced = True
+        return vanished
+
+    def _bury(self, info: PodInfo) -> None:
+        now = time.monotonic()
+        self._gone.setdefault((info.namespace, info.name, info.uid), now)
+        if len(self._gone) > 4096:
+            self._gone = {k: t for k, t in self._gone.items() if now - t < TOMBSTONE_SECONDS}
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        with self._lock:
+            return self._pods.get((namespace, name))
+
+    def gone_at(self, namespace: str, name: str, uid: str) -> float | None:
+        with self._lock:
+            return self._gone.get((namespace, name, uid))
+
+
+# --- one pass's bookkeeping -----------------------------------------------------------------
+@dataclass
+class RunBook:
+    """Counts and detail of one run; its ``ReconcileRun`` row is created on first need."""
+
+    node: str
+    trigger: str
+    started_at: datetime
+    always: bool  # record a row even when nothing happened
+    t0: float = field(default_factory=time.perf_counter)
+    checked: int = 0
+    released: int = 0
+    restored: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    lines: list[str] = field(default_factory=list)
+    row: ReconcileRun | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def ensure_row(self) -> ReconcileRun:
+        with self._lock:
+            if self.row is None:
+                self.row = ReconcileRun.objects.create(
+                    scope=ReconcileRun.Scope.NODE,
+                    node=self.node,
+                    trigger=self.trigger,
+                    started_at=self.started_at,
+                )
+            return self.row
+
+    def count(self, what: str, line: str = "") -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+            if line:
+                self.lines.append(line)
+
+    def note(self, line: str) -> None:
+        with self._lock:
+            self.lines.append(line)
+
+    @property
+    def eventful(self) -> bool:
+        return bool(self.released or self.restored or self.conflicts or self.errors)
+
+    def finish(self) -> ReconcileRun | None:
+        if not (self.always or self.eventful or self.row is not None):
+            return None
+        row = self.ensure_row()
+        lines = self.lines[:DETAIL_LINES]
+        if len(self.lines) > DETAIL_LINES:
+            lines.append(f"... and {len(self.lines) - DETAIL_LINES} more")
+        fields = {
+            "duration_ms": (time.perf_counter() - self.t0) * 1000,
+            "checked": self.checked,
+            "released": self.released,
+            "restored": self.restored,
+            "conflicts": self.conflicts,
+            "errors": self.errors,
+            "detail": "\n".join(lines),
+        }
+        ReconcileRun.objects.filter(pk=row.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(row, name, value)
+        metrics.RECONCILE_RUNS.labels("node", self.trigger).inc()
+        for result, n in (
+            ("released", self.released),
+            ("restored", self.restored),
+            ("conflict", self.conflicts),
+            ("error", self.errors),
+        ):
+            if n:
+                metrics.RECONCILE_SLOTS.labels("node", result).inc(n)
+        return row
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One PodResources ``List``, resolved to slots."""
+
+    listed_at: datetime | None  # None: the kubelet did not answer
+    by_slot: dict[str, DeviceUse]
+    unmapped: list[DeviceUse]
+
+
+# --- the engine -----------------------------------------------------------------------------
+PodReader = Callable[[str, str], "PodInfo | None"]
+
+
+class NodeReconciler:
+    """Slot reconciliation for one node and namespace. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        namespace: str,
+        pod_resources: Any,
+        claims: ClaimStore | None = None,
+        api_client: client.ApiClient | None = None,
+        grace: float | None = None,
+        sweep_interval: float | None = None,
+        clock: Callable[[], datetime] = timezone.now,
+        workers: int = 4,
+        watch_pods: bool = True,
+        read_pods: bool = True,
+    ) -> None:
+        """``pod_resources`` has ``list() -> list[DeviceUse]`` (a ``PodResourcesClient``).
+        ``claims`` defaults to a claim store on ``api_client``. ``workers=0`` runs every
+        handler inline (deterministic tests). ``watch_pods`` starts a pod watch in ``start``;
+        without it, feed ``on_pod_event``/``on_pod_relist`` yourself. ``read_pods`` lets the
+        reconciler GET a pod the watch has not shown (else the index is taken as complete)."""
+        conf = settings.AKRI
+        self.node = node
+        self.namespace = namespace
+        self.pod_resources = pod_resources
+        self.api_client = api_client
+        if claims is None:
+            if api_client is None:
+                raise ValueError("a claim store or an api_client is needed")
+            claims = ClaimStore(AkriApi(api_client, namespace), f"agent:{node}")
+        self.claims = claims
+        self.grace = timedelta(seconds=conf["SLOT_GRACE_SECONDS"] if grace is None else grace)
+        self.sweep_interval = (
+            conf["SWEEP_INTERVAL_SECONDS"] if sweep_interval is None else sweep_interval
+        )
+        self.clock = clock
+        self.watch_pods = watch_pods and api_client is not None
+        self.read_pods = read_pods and api_client is not None
+        self.pods = PodIndex()
+        self._core = client.CoreV1Api(api_client) if api_client is not None else None
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self._bindings: dict[str, Binding] = {}
+        self._bindings_guard = threading.Lock()
+        self._conflicts_reported: set[tuple[str, str, str]] = set()
+        self._executor = (
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"reconcile-{node}")
+            if workers
+            else None
+        )
+        self._workers = workers
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._targets: set[str] = set()  # slots a targeted pass should look at
+        self._targets_guard = threading.Lock()
+        self._learn_delay = LEARN_FIRST_DELAY
+        self._learn_due: float | None = None
+        self._threads: list[threading.Thread] = []
+        self._watcher: ResourceWatcher | None = None
+        self.sweeps = 0
+        self._load_bindings()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self, *, startup_timeout: float = 10.0) -> NodeReconciler:
+        """Watch this node's pods, run the start-up pass, then sweep periodically."""
+        if self.watch_pods:
+            self._watcher = ResourceWatcher(
+                owner=f"reconciler:{self.node}",
+                kind=f"pods@{self.node}",
+                list_func=self._core.list_pod_for_all_namespaces,
+                list_kwargs={"field_selector": f"spec.nodeName={self.node}"},
+                on_event=self.on_pod_event,
+                on_relist=self.on_pod_relist,
+                api_client=self.api_client,
+                to_dict=True,
+                # Always relist at start: deletions missed while the agent was down show as
+                # pods missing from the list, and the index lives in memory.
+                persist=False,
+            )
+            self._spawn(self._watcher.run, "pods")
+            self._watcher.synced.wait(startup_timeout)
+        self._spawn(self._loop, "loop")
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._watcher is not None:
+            self._watcher.stop()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._executor is not None:
+            self._close_pool_connections()
+            self._executor.shutdown(wait=True)
+        close = getattr(self.pod_resources, "close", None)
+        if close is not None:
+            close()
+
+    def _spawn(self, target: Callable[[], None], what: str) -> None:
+        thread = threading.Thread(target=target, name=f"reconcile-{self.node}-{what}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _close_pool_connections(self) -> None:
+        # Pool threads hold their own database connections: close them from those threads.
+        barrier = threading.Barrier(self._workers)
+
+        def close() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=2)
+            connections.close_all()
+
+        for _ in range(self._workers):
+            self._executor.submit(close)
+
+    def _loop(self) -> None:
+        """Start-up pass, then sweeps on the interval, learn passes and targeted passes."""
+        try:
+            self._guarded(self.sweep, ReconcileRun.Trigger.STARTUP)
+            next_sweep = time.monotonic() + self.sweep_interval
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                due = [next_sweep] + ([self._learn_due] if self._learn_due is not None else [])
+                self._wake.wait(max(0.0, min(due) - now))
+                self._wake.clear()
+                if self._stopping.is_set():
+                    break
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._guarded(self.sweep, ReconcileRun.Trigger.SWEEP)
+                    next_sweep = time.monotonic() + self.sweep_interval
+                with self._targets_guard:
+                    targets, self._targets = self._targets, set()
+                if targets:
+                    self._guarded(self.reconcile_slots, targets)
+                if self._learn_due is not None and time.monotonic() >= self._learn_due:
+                    self._guarded(self.learn)
+        finally:
+            connections.close_all()
+
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # the loop must outlive any one pass; the next one retries
+            log.exception("%s: reconcile step %s failed", self.node, getattr(fn, "__name__", fn))
+
+    # --- serialization ------------------------------------------------------------------------
+    def _lock(self, instance: str) -> threading.RLock:
+        with self._locks_guard:
+            lock = self._locks.get(instance)
+            if lock is None:
+                lock = self._locks[instance] = threading.RLock()
+            return lock
+
+    @contextlib.contextmanager
+    def serialized(self, *instances: str) -> Iterator[None]:
+        """Hold the per-Instance locks (in name order, so two holders cannot deadlock).
+
+        Device plugins wrap claim + ``on_allocated`` in it; every reconcile action on an
+        Instance runs under the same lock.
+        """
+        with contextlib.ExitStack() as stack:
+            for name in sorted(set(instances)):
+                stack.enter_context(self._lock(name))
+            yield
+
+    # --- the Allocate hook --------------------------------------------------------------------
+    def on_allocated(
+        self,
+        node: str,
+        instance: str,
+        slot_key: str,
+        value: str,
+        device_id: str,
+        resource_name: str,
+    ) -> None:
+        """A device plugin claimed ``slot_key`` (or found it already ours) for ``device_id``.
+
+        The slot is bound to this allocation, pod unknown: grace starts now, and whatever
+        pod it was bound to before no longer holds it.
+        """
+        if node != self.node:
+            # Never fail an Allocate over our books; say it loudly instead.
+            log.error("%s: allocation on node %r reported here; ignored", self.node, node)
+            return
+        with self._lock(instance):
+            binding = Binding(
+                slot=slot_key,
+                instance=instance,
+                device_id=device_id,
+                resource_name=resource_name,
+                allocated_at=self.clock(),
+            )
+            self._save_binding(binding)
+            self._show_pod(instance, slot_key, None)
+        self._schedule_learn(reset=True)
+
+    # --- pod events ---------------------------------------------------------------------------
+    def on_pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """A watch event for a pod on this node."""
+        info = self.pods.apply(kind, obj)  # tombstones carry the time seen (latency metric)
+        if kind == "DELETED" or info.terminated:
+            self._submit(self.release_pods, [info])
+        elif self._has_unnamed():
+            self._schedule_learn()
+
+    def on_pod_relist(self, objects: list[dict[str, Any]]) -> None:
+        """The pod watch (re)listed: pods bound here but absent from the list (deleted while
+        nobody watched) or terminated are gone; their slots go in one run."""
+        first = not self.pods.synced
+        self.pods.replace(objects)
+        trigger = ReconcileRun.Trigger.STARTUP if first else ReconcileRun.Trigger.EVENT
+        gone = {
+            (b.pod_namespace, b.pod_name, b.pod_uid)
+            for b in self.bindings()
+            if b.pod_known and self._bound_state(b, allow_read=False) is PodState.GONE
+        }
+        if gone:
+            pods = [PodInfo(ns, name, uid) for ns, name, uid in sorted(gone)]
+            self._submit(self.release_pods, pods, trigger)
+
+    def release_pods(
+        self, pods: list[PodInfo], trigger: str = ReconcileRun.Trigger.EVENT
+    ) -> ReconcileRun | None:
+        """Release every slot bound to these pods (deleted or terminated). A run row is
+        written only when they held slots."""
+        slots = [b for b in self.bindings() if any(self._names_pod(b, pod) for pod in pods)]
+        if not slots:
+            return None
+        book = RunBook(self.node, trigger, self.clock(), always=True)
+        for binding in slots:
+            book.checked += 1
+            with self._lock(binding.instance):
+                current = self._binding(binding.slot)
+                if current is None or not any(self._names_pod(current, pod) for pod in pods):
+                    continue  # re-bound by an Allocate that came first: not this pod's any more
+                value = self._cached_value(current.instance, current.slot)
+                decision = decide(
+                    node=self.node,
+                    slot=current.slot,
+                    value=value,
+                    binding=current,
+                    use=None,
+                    use_state=PodState.GONE,
+                    bound_state=PodState.GONE,
+                    listed_at=None,
+                    now=self.clock(),
+                    grace=self.grace,
+                )
+                self._act(book, current.instance, current.slot, value, decision, None, current)
+        return book.finish()
+
+    def _names_pod(self, binding: Binding, pod: PodInfo) -> bool:
+        if (binding.pod_namespace, binding.pod_name) != (pod.namespace, pod.name):
+            return False
+        if binding.pod_uid:
+            return binding.pod_uid == pod.uid
+        # No UID recorded: a pod of the same name that is alive now is a newer one.
+        current = self.pods.get(pod.namespace, pod.name)
+        return current is None or current.uid == pod.uid or current.terminated
+
+    # --- passes -------------------------------------------------------------------------------
+    def sweep(self, trigger: str = ReconcileRun.Trigger.SWEEP) -> ReconcileRun:
+        """The level-based pass over every held slot, binding and device in use."""
+        self.sweeps += 1
+        run = self._pass(trigger, None, always=True)
+        assert run is not None
+        return run
+
+    def reconcile_slots(self, slots: Iterable[str]) -> ReconcileRun | None:
+        """A targeted pass (event trigger) over some slots; a row only if it changed something."""
+        return self._pass(ReconcileRun.Trigger.EVENT, set(slots), always=False)
+
+    def learn(self) -> ReconcileRun | None:
+        """Name the pods of unnamed bindings from PodResources (after Allocate)."""
+        unnamed = {b.slot for b in self.bindings() if not b.pod_known}
+        self._learn_due = None
+        if not unnamed:
+            return None
+        run = self._pass(ReconcileRun.Trigger.EVENT, unnamed, always=False)
+        still = [
+            b
+            for b in self.bindings()
+            if not b.pod_known and self.clock() - b.allocated_at < self.grace
+        ]
+        if still:
+            self._schedule_learn()
+        return run
+
+    def request(self, slots: Iterable[str]) -> None:
+        """Ask the loop for a targeted pass over ``slots`` (any thread)."""
+        with self._targets_guard:
+            self._targets.update(slots)
+        self._wake.set()
+
+    def _pass(self, trigger: str, only: set[str] | None, *, always: bool) -> ReconcileRun | None:
+        book = RunBook(self.node, trigger, self.clock(), always=always)
+        snapshot = self._snapshot(book)
+        values, configs = self._load_slots(only, snapshot)
+        keys = set(values) | {b.slot for b in self.bindings()} | set(snapshot.by_slot)
+        if only is not None:
+            keys &= only
+        for use in snapshot.unmapped:
+            book.note(
+                f"{use.resource_name} device {use.device_id} in use by {use.namespace}/{use.pod} "
+                "maps to no slot this node knows"
+            )
+        now = self.clock()
+        work: dict[str, list[str]] = defaultdict(list)
+        for key in sorted(keys):
+            book.checked += 1
+            binding = self._binding(key)
+            instance = binding.instance if binding else configs.get(key, ("", ""))[0]
+            if not instance:
+                continue
+            decision = self._decide(key, values.get(key), binding, snapshot, now)
+            if decision.act is not Act.KEEP:
+                work[instance].append(key)
+        self._run_grouped(work, lambda instance, keys: self._act_on(book, instance, keys, snapshot))
+        return book.finish()
+
+    def _run_grouped(
+        self, work: dict[str, list[str]], fn: Callable[[str, list[str]], None]
+    ) -> None:
+        """Parallel across Instances (when there is a pool), serialized within one."""
+        if self._executor is None or len(work) <= 1:
+            for instance, keys in work.items():
+                fn(instance, keys)
+            return
+        futures = [
+            self._executor.submit(self._in_pool, fn, instance, keys)
+            for instance, keys in work.items()
+        ]
+        for future in futures:
+            future.result()
+
+    def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+    def _act_on(self, book: RunBook, instance: str, keys: list[str], snapshot: Snapshot) -> None:
+        with self._lock(instance):
+            for key in keys:
+                # Re-read under the lock: an Allocate may have re-bound the slot meanwhile.
+                binding = self._binding(key)
+                value = self._cached_value(instance, key)
+                decision = self._decide(key, value, binding, snapshot, self.clock())
+                try:
+                    self._act(
+                        book, instance, key, value, decision, snapshot.by_slot.get(key), binding
+                    )
+                except Exception as exc:  # one slot's surprise must not stop the others
+                    log.exception("%s: acting on %s failed", self.node, key)
+                    book.count("errors", f"{key}: {exc}")
+
+    def _decide(
+        self,
+        key: str,
+        value: str | None,
+        binding: Binding | None,
+        snapshot: Snapshot,
+        now: datetime,
+    ) -> Decision:
+        use = snapshot.by_slot.get(key)
+        use_state = self._use_state(use) if use is not None else PodState.UNKNOWN
+        bound_state = (
+            self._bound_state(binding)
+            if binding is not None and binding.pod_known
+            else PodState.UNKNOWN
+        )
+        return decide(
+            node=self.node,
+            slot=key,
+            value=value,
+            binding=binding,
+            use=use,
+            use_state=use_state,
+            bound_state=bound_state,
+            listed_at=snapshot.listed_at,
+            now=now,
+            grace=self.grace,
+        )
+
+    # --- acting (under the Instance's lock) -------------------------------------------------
+    def _act(
+        self,
+        book: RunBook,
+        instance: str,
+        key: str,
+        value: str | None,
+        decision: Decision,
+        use: DeviceUse | None,
+        binding: Binding | None,
+    ) -> None:
+        act = decision.act
+        if act is Act.KEEP:
+            return
+        if act is Act.LEARN:
+            self._learn(instance, key, use, binding)
+        elif act is Act.ADOPT:
+            self._adopt(instance, key, value or "")
+        elif act is Act.FORGET:
+            self._forget(key)
+        elif act is Act.RELEASE:
+            self._release(book, instance, key, value or "", decision.why, binding)
+        elif act is Act.RESTORE:
+            self._restore(book, instance, key, decision.why, use, binding)
+        elif act is Act.CONFLICT:
+            self._conflict(book, instance, key, value or "", decision.why, use, binding)
+
+    def _release(
+        self, book: RunBook, instance: str, key: str, value: str, why: str, binding: Binding | None
+    ) -> None:
+        pod = binding.pod if binding else ""
+        try:
+            result = self.claims.release(
+                instance,
+                key,
+                value,
+                cause=SlotEvent.Cause.RECONCILE,
+                node=self.node,
+                pod=pod,
+                detail=why,
+                run=book.ensure_row(),
+            )
+        except (SlotChanged, InstanceGone) as exc:
+            book.note(f"{key}: not released, {exc}")
+            self._forget(key)
+            return
+        except ClaimStoreError as exc:
+            book.count("errors", f"{key}: release failed, will retry: {exc}")
+            return
+        self._forget(key)
+        if result == "released":
+            book.count("released", f"{key}: released ({why})")
+            self._observe_latency(binding)
+
+    def _restore(
+        self,
+        book: RunBook,
+        instance: str,
+        key: str,
+        why: str,
+        use: DeviceUse | None,
+        binding: Binding | None,
+    ) -> None:
+        assert use is not None
+        wanted = wanted_value(key, use.device_id, self.node)
+        try:
+            result = self.claims.claim(
+                instance,
+                key,
+                wanted,
+                cause=SlotEvent.Cause.RESTORE,
+                node=self.node,
+                pod=f"{use.namespace}/{use.pod}",
+                detail=why,
+                run=book.ensure_row(),
+            )
+        except SlotTaken as exc:
+            self._conflict(book, instance, key, exc.holder, why, use, binding)
+            return
+        except InstanceGone:
+            book.note(f"{key}: in use by {use.namespace}/{use.pod} but Instance {instance} is gone")
+            return
+        except UnknownSlot as exc:
+            book.count("errors", f"{key}: cannot restore: {exc}")
+            return
+        except ClaimStoreError as exc:
+            book.count("errors", f"{key}: restore failed, will retry: {exc}")
+            return
+        self._learn(instance, key, use, binding)
+        if result == "claimed":
+            book.count("restored", f"{key}: restored for {use.namespace}/{use.pod}")
+
+    def _conflict(
+        self,
+        book: RunBook,
+        instance: str,
+        key: str,
+        holder: str,
+        why: str,
+        use: DeviceUse | None,
+        binding: Binding | None,
+    ) -> None:
+        pod = f"{use.namespace}/{use.pod}" if use else (binding.pod if binding else "")
+        book.count("conflicts", f"{key}: conflict: {why}")
+        if use is not None:
+            self._learn(instance, key, use, binding, show=False)
+        marker = (key, holder, pod)
+        if marker in self._conflicts_reported:
+            return  # shown once; counted in every run that still finds it
+        self._conflicts_reported.add(marker)
+        row = Instance.objects.filter(namespace=self.namespace, name=instance).first()
+        if row is None:
+            return
+        cache.record_change(
+            row,
+            key,
+            holder,
+            holder,
+            cache.Attribution(
+                SlotEvent.Cause.CONFLICT,
+                self.claims.actor,
+                node=self.node,
+                pod=pod,
+                detail=f"{why}; left as it is",
+                run=book.ensure_row(),
+            ),
+        )
+
+    def _learn(
+        self,
+        instance: str,
+        key: str,
+        use: DeviceUse | None,
+        binding: Binding | None,
+        show: bool = True,
+    ) -> None:
+        assert use is not None
+        info = self.pods.get(use.namespace, use.pod)
+        uid = info.uid if info is not None and not info.terminated else ""
+        base = binding or self._fresh_binding(instance, key, use.device_id, use.resource_name)
+        learned = replace(
+            base,
+            device_id=use.device_id,
+            resource_name=use.resource_name,
+            pod_namespace=use.namespace,
+            pod_name=use.pod,
+            pod_uid=uid,
+            container=use.container,
+            seen_at=self.clock(),
+        )
+        self._save_binding(learned)
+        if show:
+            self._show_pod(instance, key, learned)
+
+    def _adopt(self, instance: str, key: str, value: str) -> None:
+        usage = parse_usage(value)
+        if usage.kind is UsageKind.CONFIG:
+            config = (
+                Instance.objects.filter(namespace=self.namespace, name=instance)
+                .values_list("configuration_name", flat=True)
+                .first()
+            )
+            binding = self._fresh_binding(instance, key, usage.vdev, cl_resource_name(config or ""))
+        else:
+            binding = self._fresh_binding(instance, key, key, il_resource_name(instance))
+        self._save_binding(binding)
+        self._schedule_learn()
+
+    def _fresh_binding(
+        self, instance: str, key: str, device_id: str, resource_name: str
+    ) -> Binding:
+        return Binding(
+            slot=key,
+            instance=instance,
+            device_id=device_id,
+            resource_name=resource_name,
+            allocated_at=self.clock(),
+        )
+
+    def _observe_latency(self, binding: Binding | None) -> None:
+        if binding is None or not binding.pod_known:
+            return
+        gone = self.pods.gone_at(binding.pod_namespace, binding.pod_name, binding.pod_uid)
+        if gone is not None:
+            metrics.RELEASE_LATENCY_SECONDS.observe(time.monotonic() - gone)
+
+    # --- facts ----------------------------------------------------------------------------------
+    def _snapshot(self, book: RunBook) -> Snapshot:
+        listed_at = self.clock()
+        try:
+            uses = self.pod_resources.list()
+        except PodResourcesUnavailable as exc:
+            book.count("errors", f"kubelet PodResources unavailable: {exc}")
+            return Snapshot(None, {}, [])
+        return self._resolve(listed_at, uses)
+
+    def _resolve(self, listed_at: datetime, uses: list[DeviceUse]) -> Snapshot:
+        """Map device uses to slot keys: IL ids are slot keys of the Instance the resource
+        names; a CL vdev is the slot whose value is ``C:<vdev>:<node>``, else the one bound."""
+        instances = dict(
+            Instance.objects.filter(namespace=self.namespace).values_list(
+                "name", "configuration_name"
+            )
+        )
+        cl_slots: dict[tuple[str, str], str] = {}
+        held = Slot.objects.filter(
+            instance__namespace=self.namespace, holder_node=self.node, level=Slot.Level.CL
+        ).values_list("instance__configuration_name", "vdev", "key")
+        for config, vdev, key in held:
+            cl_slots.setdefault((config, vdev), key)
+        by_device = {(b.resource_name, b.device_id): b.slot for b in self.bindings()}
+        by_slot: dict[str, DeviceUse] = {}
+        unmapped: list[DeviceUse] = []
+        for use in uses:
+            target = use.resource_name[len(RESOURCE_PREFIX) :]
+            if target in instances and slot_index(target, use.device_id) is not None:
+                key = use.device_id
+            else:
+                key = cl_slots.get((target, use.device_id)) or by_device.get(
+                    (use.resource_name, use.device_id)
+                )
+            if key is None:
+                unmapped.append(use)
+            else:
+                by_slot[key] = use
+        return Snapshot(listed_at, by_slot, unmapped)
+
+    def _load_slots(
+        self, only: set[str] | None, snapshot: Snapshot
+    ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+        """deviceUsage values (cache) of held slots and of slots bound or in use here."""
+        rows = Slot.objects.filter(instance__namespace=self.namespace)
+        wanted = {b.slot for b in self.bindings()} | set(snapshot.by_slot)
+        if only is not None:
+            rows = rows.filter(key__in=only)
+        else:
+            held = set(rows.filter(holder_node=self.node).values_list("key", flat=True))
+            rows = rows.filter(key__in=held | wanted)
+        values: dict[str, str] = {}
+        configs: dict[str, tuple[str, str]] = {}
+        for key, value, instance, config in rows.values_list(
+            "key", "value", "instance__name", "instance__configuration_name"
+        ):
+            values[key] = value
+            configs[key] = (instance, config)
+        return values, configs
+
+    def _cached_value(self, instance: str, key: str) -> str | None:
+        return (
+            Slot.objects.filter(
+                instance__namespace=self.namespace, instance__name=instance, key=key
+            )
+            .values_list("value", flat=True)
+            .first()
+        )
+
+    def _use_state(self, use: DeviceUse) -> PodState:
+        info = self.pods.get(use.namespace, use.pod)
+        if info is None:
+            info = self._read_pod(use.namespace, use.pod)
+            if info is _UNREADABLE:
+                return PodState.UNKNOWN
+            if info is None:
+                return PodState.GONE if self.pods.synced or self.read_pods else PodState.UNKNOWN
+        return PodState.GONE if info.terminated else PodState.ALIVE
+
+    def _bound_state(self, binding: Binding, allow_read: bool = True) -> PodState:
+        info = self.pods.get(binding.pod_namespace, binding.pod_name)
+        if info is None:
+            if (
+                self.pods.gone_at(binding.pod_namespace, binding.pod_name, binding.pod_uid)
+                is not None
+            ):
+                return PodState.GONE
+            if not allow_read:
+                return PodState.GONE if self.pods.synced else PodState.UNKNOWN
+            info = self._read_pod(binding.pod_namespace, binding.pod_name)
+            if info is _UNREADABLE:
+                return PodState.UNKNOWN
+            if info is None:
+                return PodState.GONE if self.pods.synced or self.read_pods else PodState.UNKNOWN
+        if binding.pod_uid and info.uid and binding.pod_uid != info.uid:
+            return PodState.GONE  # a newer pod of the same name
+        return PodState.GONE if info.terminated else PodState.ALIVE
+
+    def _read_pod(self, namespace: str, name: str) -> PodInfo | None | object:
+        """The pod from the API server: None when it does not exist, _UNREADABLE on errors.
+        Without reads the index is taken as complete."""
+        if not self.read_pods or self._core is None:
+            return None
+        try:
+            pod = self._core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            return None if exc.status == 404 else _UNREADABLE
+        except (HTTPError, OSError):
+            return _UNREADABLE
+        return PodInfo.from_object(self.api_client.sanitize_for_serialization(pod))
+
+    # --- bindings (memory mirror of SlotPodBinding) -----------------------------------------
+    def _load_bindings(self) -> None:
+        rows = SlotPodBinding.objects.filter(node=self.node, namespace=self.namespace)
+        with self._bindings_guard:
+            self._bindings = {
+                row.slot: Binding(
+                    slot=row.slot,
+                    instance=row.instance,
+                    device_id=row.device_id,
+                    resource_name=row.resource_name,
+                    allocated_at=row.allocated_at,
+                    pod_namespace=row.pod_namespace,
+                    pod_name=row.pod_name,
+                    pod_uid=row.pod_uid,
+                    container=row.container,
+                    seen_at=row.seen_at,
+                )
+                for row in rows
+            }
+
+    def bindings(self) -> list[Binding]:
+        with self._bindings_guard:
+            return list(self._bindings.values())
+
+    def _binding(self, slot: str) -> Binding | None:
+        with self._bindings_guard:
+            return self._bindings.get(slot)
+
+    def _has_unnamed(self) -> bool:
+        with self._bindings_guard:
+            return any(not b.pod_known for b in self._bindings.values())
+
+    def _save_binding(self, binding: Binding) -> None:
+        SlotPodBinding.objects.update_or_create(
+            node=self.node,
+            slot=binding.slot,
+            defaults={
+                "instance": binding.instance,
+                "namespace": self.namespace,
+                "device_id": binding.device_id,
+                "resource_name": binding.resource_name,
+                "pod_namespace": binding.pod_namespace,
+                "pod_name": binding.pod_name,
+                "pod_uid": binding.pod_uid,
+                "container": binding.container,
+                "allocated_at": binding.allocated_at,
+                "seen_at": binding.seen_at,
+            },
+        )
+        with self._bindings_guard:
+            self._bindings[binding.slot] = binding
+
+    def _forget(self, slot: str) -> None:
+        SlotPodBinding.objects.filter(node=self.node, slot=slot).delete()
+        with self._bindings_guard:
+            self._bindings.pop(slot, None)
+
+    def _show_pod(self, instance: str, key: str, binding: Binding | None) -> None:
+        """Keep the dashboard's Slot.pod_* in step with the map."""
+        Slot.objects.filter(
+            instance__namespace=self.namespace, instance__name=instance, key=key
+        ).update(
+            pod_namespace=binding.pod_namespace if binding else "",
+            pod_name=binding.pod_name if binding else "",
+            pod_uid=binding.pod_uid if binding else "",
+            container=binding.container if binding else "",
+        )
+
+    # --- scheduling -----------------------------------------------------------------------------
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._executor is None:
+            fn(*args)
+            return
+        future = self._executor.submit(fn, *args)
+        future.add_done_callback(self._report_failure)
+
+    def _report_failure(self, future: Any) -> None:
+        exc = future.exception()
+        if exc is not None:
+            log.error("%s: reconcile handler failed: %r", self.node, exc, exc_info=exc)
+
+    def _schedule_learn(self, reset: bool = False) -> None:
+        """A learn pass soon after an Allocate, then backing off while pods stay unnamed."""
+        with self._targets_guard:
+            if reset:
+                self._learn_delay = LEARN_FIRST_DELAY
+            else:
+                self._learn_delay = min(self._learn_delay * 2, LEARN_MAX_DELAY)
+            due = time.monotonic() + self._learn_delay
+            if self._learn_due is None or due < self._learn_due:
+                self._learn_due = due
+        self._wake.set()
+
+    def on_instance_changed(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
+        """Cache-sync subscriber: a slot bound to a live pod here that deviceUsage no longer
+        shows as ours gets a targeted pass (restore, or a conflict) without waiting a sweep."""
+        if kind != "instance" or not name or obj is None:
+            return
+        usage = (obj.get("spec") or {}).get("deviceUsage") or {}
+        lost = [
+            b.slot
+            for b in self.bindings()
+            if b.instance == name
+            and b.pod_known
+            and not parse_usage(usage.get(b.slot)).held_by(self.node)
+        ]
+        if lost:
+            self.request(lost)
+
+
+_UNREADABLE = object()
+
+
+def default_pod_resources() -> PodResourcesClient:
+    return PodResourcesClient(settings.AKRI["POD_RESOURCES_SOCKET"])

@@ -1,0 +1,178 @@
+"""HTML for the slot map and the live feed, rendered by one function for both.
+
+The slot map is the one page that grows with the cluster (2,000 Instances x 4 slots must
+render in well under half a second), so its rows are built here with plain string formatting
+rather than a template per row, which costs ~0.3 ms a row. The live feed sends the very same
+rows (``html``, by Instance key), so the browser swaps in exactly what a reload would show.
+Every value from the cache goes through ``escape``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import cache
+from html import escape
+from typing import Any
+
+from django.template.loader import get_template
+from django.urls import reverse
+from django.utils.safestring import SafeString, mark_safe
+
+_ICONS = {"free": "○", "held": "●", "foreign": "⚠"}
+# Explained once by the legend above the map (``LEGEND``), not per cell: the map has thousands.
+_IL = "IL"
+_CL = "CL"
+LEGEND = mark_safe(
+    '<p class="legend"><span class="state state-free"><span aria-hidden="true">○</span> free</span> '
+    '<span class="state state-held"><span aria-hidden="true">●</span> held</span> '
+    '<span class="state state-foreign"><span aria-hidden="true">⚠</span> foreign</span>: a value '
+    "that is neither a node nor C:vdev:node (left alone). "
+    "<strong>IL</strong>: held through the per-Instance device plugin (value = node); "
+    "<strong>CL</strong>: held through the per-Configuration plugin for a virtual device "
+    "(value = C:vdev:node). Surplus: beyond the Instance's capacity, removed once free. "
+    "Faded cells do not match the filters.</p>"
+)
+
+
+@cache
+def link_prefixes() -> dict[str, str]:
+    """Prefixes for links built per row: ``reverse`` per row is too slow for the slot map."""
+    root = reverse("dashboard:overview")
+    return {
+        "node_url": f"{root}nodes/",
+        "instance_url": f"{root}instances/",
+        "configuration_url": f"{root}configurations/",
+        "release_url": reverse("admin:agent_slot_changelist"),
+    }
+
+
+def slot_cell(slot: Mapping[str, Any], matched: bool, can_release: bool) -> str:
+    p = link_prefixes()
+    state = slot["state"]
+    key = escape(slot["key"])
+    classes = (
+        f"slot {state}" + ("" if matched else " dim") + (" surplus" if slot["surplus"] else "")
+    )
+    out = [
+        f'<td data-slot="{key}" data-state="{state}" class="{classes}">',
+        f'<span class="state state-{state}"><span aria-hidden="true">{_ICONS[state]}</span> {state}</span>',
+    ]
+    if slot["surplus"]:
+        out.append(
+            ' <span class="state state-surplus"><span aria-hidden="true">＋</span> surplus</span>'
+        )
+    level = slot["level"]
+    if level == "IL":
+        out.append(f" {_IL}")
+    elif level == "CL":
+        out.append(f' {_CL} <span class="meta">{escape(slot["vdev"])}</span>')
+    elif level == "foreign":
+        out.append(f" <code>{escape(slot['value'])}</code>")
+    node = slot["node"]
+    if node:
+        node = escape(node)
+        out.append(f'<br><a class="node" href="{p["node_url"]}{node}/">{node}</a>')
+    if slot["pod"]:
+        pod = escape(slot["pod"])
+        if slot["container"]:
+            pod += f" / {escape(slot['container'])}"
+        out.append(f'<br><span class="pod">{pod}</span>')
+    elif state == "held":
+        out.append('<br><span class="meta">pod not known yet</span>')
+    since = slot["since"]
+    if since:
+        out.append(f'<br><time datetime="{since}" data-ago>{since[:10]} {since[11:19]} UTC</time>')
+    if can_release and state != "free":
+        out.append(
+            f'<br><a class="button small" href="{p["release_url"]}{slot["id"]}/release/">'
+            f'Release<span class="visually-hidden"> {key}</span>…</a>'
+        )
+    out.append("</td>")
+    return "".join(out)
+
+
+def instance_row(instance: Mapping[str, Any], can_release: bool) -> str:
+    """One ``<tr>`` of the grid: the Instance, who can see it, then one cell per slot index."""
+    p = link_prefixes()
+    key = escape(instance["key"])
+    counts = instance["counts"]
+    facts = [f"{counts['held']} held", f"{counts['free']} free"]
+    if counts["foreign"]:
+        facts.append(f"{counts['foreign']} foreign")
+    if counts["surplus"]:
+        facts.append(f"{counts['surplus']} surplus")
+    facts.append("shared" if instance["shared"] else "not shared")
+    if instance["deleting"]:
+        facts.append("<strong>being deleted</strong>")
+    nodes = ", ".join(escape(n) for n in instance["nodes"]) or "no node"
+    out = [
+        f'<tr data-instance="{key}" data-configuration="{escape(instance["configuration"])}">',
+        f'<th scope="row"><a href="{p["instance_url"]}{key}/">{escape(instance["name"])}</a>'
+        f'<br><span class="meta">{" · ".join(facts)}</span></th>',
+        f'<td class="nodes">{nodes}</td>',
+    ]
+    match = instance.get("match")
+    matched = None if match is None else set(match)
+    by_index: dict[int, list[Mapping[str, Any]]] = {}
+    for slot in instance["slots"]:
+        by_index.setdefault(slot["index"], []).append(slot)
+    width = max([instance["capacity"], *(i + 1 for i in by_index)])
+    for index in range(width):
+        slots = by_index.get(index)
+        if not slots:
+            out.append('<td class="slot none">—</td>')
+            continue
+        for slot in slots:
+            out.append(slot_cell(slot, matched is None or slot["key"] in matched, can_release))
+    if not instance["slots"]:
+        out.append('<td class="empty">no slot rows in the cache yet</td>')
+    out.append("</tr>")
+    return "".join(out)
+
+
+def _count(name: str, which: str, value: int) -> str:
+    return f'<span data-count-config="{name}" data-count="{which}">{value}</span>'
+
+
+def slot_grid(groups: Iterable[Mapping[str, Any]], can_release: bool) -> SafeString:
+    """One section and table per Configuration: rows are Instances, columns slot indexes."""
+    p = link_prefixes()
+    out = []
+    for n, group in enumerate(groups, 1):
+        name = escape(group["name"])
+        c = group["counts"]
+        heads = "".join(f'<th scope="col">slot {i}</th>' for i in range(group["columns"]))
+        out.append(
+            f'<section class="configuration" data-configuration="{name}" '
+            f'aria-labelledby="conf-{n}">'
+            f'<h2 id="conf-{n}">Configuration <a href="{p["configuration_url"]}'
+            f'{escape(group["instances"][0]["namespace"])}/{name}/">{name}</a></h2>'
+            f'<p class="counts">All its slots: {_count(name, "total", c["total"])} · '
+            f'<span class="state state-held"><span aria-hidden="true">●</span> '
+            f"{_count(name, 'held', c['held'])} held</span> · "
+            f'<span class="state state-free"><span aria-hidden="true">○</span> '
+            f"{_count(name, 'free', c['free'])} free</span> · "
+            f'<span class="state state-foreign"><span aria-hidden="true">⚠</span> '
+            f"{_count(name, 'foreign', c['foreign'])} foreign</span> · "
+            f"{_count(name, 'surplus', c['surplus'])} surplus</p>"
+            f'<div class="scroll"><table class="slotgrid">'
+            f'<caption class="visually-hidden">Slots of Configuration {name}: one row per '
+            f"Instance, one column per slot</caption>"
+            f'<thead><tr><th scope="col">Instance</th><th scope="col">Visible to</th>{heads}'
+            f"</tr></thead><tbody>"
+        )
+        out.extend(instance_row(i, can_release) for i in group["instances"])
+        out.append("</tbody></table></div></section>")
+    if out:
+        out.insert(0, LEGEND)
+    return mark_safe("".join(out))  # every value from the cache above is escaped
+
+
+def instances_html(instances: Iterable[Mapping[str, Any]], can_release: bool) -> dict[str, str]:
+    return {i["key"]: instance_row(i, can_release) for i in instances}
+
+
+def runs_html(runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    template = get_template("dashboard/_run_row.html")
+    base = link_prefixes()
+    return {str(r["id"]): template.render({**base, "r": r}) for r in runs}
