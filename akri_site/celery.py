@@ -4,8 +4,23 @@ import os
 
 from celery import Celery
 
+from akri_site import env
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "akri_site.settings")
 
 app = Celery("akri_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# The safety net behind the controller's node events: a pass every interval. A run that
+# waited longer than one interval in the queue is dropped (the next one is as good), and the
+# pass itself takes a lock, so beat and event-triggered runs never overlap.
+CLUSTER_RECONCILE_SECONDS = env.number("AKRI_CLUSTER_RECONCILE_SECONDS", 30.0, minimum=1)
+app.conf.beat_schedule = {
+    "reconcile-cluster": {
+        "task": "agent.tasks.reconcile_cluster",
+        "schedule": CLUSTER_RECONCILE_SECONDS,
+        "kwargs": {"trigger": "schedule"},
+        "options": {"expires": CLUSTER_RECONCILE_SECONDS},
+    },
+}

@@ -778,16 +778,19 @@ def test_watch_replays_added_only_without_a_resource_version(sim, co) -> None:
     events = collect(co.list_namespaced_custom_object, GROUP, VERSION, NS, "instances",
                      resource_version=rv, count=1)  # fmt: skip
     assert names(events) == [("ADDED", "c")]
-    assert (
-        raw(
-            sim, "GET", "/apis/akri.sh/v0/namespaces/default/instances?watch=1&timeoutSeconds=0"
-        ).status
-        == 200
-    )
+    # "0" and "" also mean "start with the current state".
+    sim.set_watch_cap(0.2)
+    for rv_param in ("0", ""):
+        path = (
+            f"/apis/akri.sh/v0/namespaces/default/instances?watch=true&resourceVersion={rv_param}"
+        )
+        lines = raw(sim, "GET", path).data.splitlines()
+        assert [json.loads(line)["type"] for line in lines] == ["ADDED"] * 3
 
 
 @pytest.mark.parametrize("flag", ["1", "t", "T", "TRUE", "true", "True"])
 def test_watch_parses_booleans_like_go(sim, flag: str) -> None:
+    sim.set_watch_cap(0.01)  # timeoutSeconds=0 means no timeout; the cap ends the stream
     response = raw(sim, "GET", f"/api/v1/namespaces/default/pods?watch={flag}&timeoutSeconds=0")
     assert response.status == 200 and response.headers["Transfer-Encoding"] == "chunked"
 
@@ -923,7 +926,6 @@ def test_concurrent_watchers_and_writers_lose_no_events(sim) -> None:
 
 def test_drop_watches_cuts_open_streams(sim, core) -> None:
     errors: list[BaseException] = []
-    started = threading.Event()
 
     def consume() -> None:
         try:
@@ -938,14 +940,9 @@ def test_drop_watches_cuts_open_streams(sim, core) -> None:
     thread = threading.Thread(target=consume)
     thread.start()
     deadline = time.monotonic() + 5
-    while (
-        not any(r.query.get("watch") for r in list(sim.request_log)) and time.monotonic() < deadline
-    ):
+    while sim.drop_watches() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    started.set()
-    time.sleep(0.05)
     began = time.monotonic()
-    assert sim.drop_watches() == 1
     thread.join(timeout=5)
     assert not thread.is_alive() and time.monotonic() - began < 2
     assert errors and isinstance(errors[0], urllib3.exceptions.HTTPError)
@@ -1084,3 +1081,65 @@ def test_the_kube_fixture_gives_a_namespace_and_clients(kube: KubeEnv) -> None:
     with pytest.raises(AssertionError, match="timed out after 0.05s waiting for never"):
         kube.wait_for(lambda: False, timeout=0.05, message="never")
     assert Path(kube.kubeconfig).exists()
+
+
+def test_stop_ends_open_watches_promptly(tmp_path: Path) -> None:
+    server = ApiServerSimulator(crd_dir=tmp_path).start()
+    api_client = server.api_client()
+    ended = threading.Event()
+
+    def consume() -> None:
+        try:
+            for _ in watch.Watch().stream(client.CoreV1Api(api_client).list_namespaced_pod, NS,
+                                          timeout_seconds=30, _request_timeout=40):  # fmt: skip
+                pass
+        except Exception:  # a cut connection is the expected way for this stream to end
+            pass
+        ended.set()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not server.request_log and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    began = time.monotonic()
+    server.stop()
+    assert ended.wait(3) and time.monotonic() - began < 2
+    thread.join(timeout=5)
+    api_client.close()
+
+
+# -- patch and selector algorithms -----------------------------------------------------------
+
+
+def test_strategic_merge_patch_directives() -> None:
+    from agent.simulator.apiserver_patch import strategic_merge_patch
+
+    pod_obj = {
+        "metadata": {"finalizers": ["a"]},
+        "spec": {"containers": [{"name": "c1", "image": "x"}, {"name": "c2", "image": "y"}]},
+    }
+    patched = strategic_merge_patch(pod_obj, {
+        "metadata": {"finalizers": ["b"]},
+        "spec": {"containers": [{"name": "c2", "$patch": "delete"}, {"name": "c3", "image": "z"}],
+                 "$setElementOrder/containers": [{"name": "c1"}]}})  # fmt: skip
+    assert patched["metadata"]["finalizers"] == ["a", "b"]
+    assert [c["name"] for c in patched["spec"]["containers"]] == ["c1", "c3"]
+    assert pod_obj["spec"]["containers"][1]["name"] == "c2"  # the input is untouched
+    removed = strategic_merge_patch(
+        patched, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}
+    )
+    assert removed["metadata"]["finalizers"] == ["b"]
+    replaced = strategic_merge_patch(patched, {"spec": {"$patch": "replace", "containers": []}})
+    assert replaced["spec"] == {"containers": []}
+
+
+def test_label_selector_parsing_rejects_garbage() -> None:
+    from agent.simulator.apiserver_select import SelectorError, parse_label_selector
+
+    assert parse_label_selector("a in (x, y), b!=z,!c") == [
+        ("a", "in", ("x", "y")), ("b", "!=", ("z",)), ("c", "!exists", ())]  # fmt: skip
+    for bad in ("a in ()", "a=b=c", ",", "a in (x", "n>x"):
+        with pytest.raises(SelectorError):
+            parse_label_selector(bad)

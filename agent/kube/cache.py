@@ -109,6 +109,10 @@ def apply_instance(
     now = timezone.now()
     with transaction.atomic():
         row = Instance.objects.filter(namespace=namespace, name=name).first()
+        if row is not None and direct and _not_newer(rv, row.resource_version):
+            # The watch got here first (or further): waiting for an echo that has passed
+            # would make it skip newer events, and applying would step back.
+            return row, False
         if row is not None and not (direct or relist) and row.pending_rv:
             if rv == row.pending_rv:
                 Instance.objects.filter(pk=row.pk).update(pending_rv="", pending_at=None)
@@ -135,6 +139,14 @@ def apply_instance(
         row.save()
         _apply_slots(row, usage, attributions or {}, rv, now)
     return row, True
+
+
+def _not_newer(rv: str, current: str) -> bool:
+    """``rv`` is ``current`` or, when both are integers (etcd's and the simulator's are),
+    older. Otherwise resourceVersions are opaque and nothing can be said."""
+    if not rv or not current:
+        return False
+    return rv == current or (rv.isdigit() and current.isdigit() and int(rv) < int(current))
 
 
 def _as_capacity(value: Any) -> int:

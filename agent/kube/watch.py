@@ -254,8 +254,12 @@ class CacheSync:
             cache.remove_instance(self.namespace, name)
             self._notify("instance", name, None)
             return
-        _, applied = cache.apply_instance(obj)
-        if applied:
+        row, applied = cache.apply_instance(obj)
+        # The echo of a write applied ahead of the watch changes no row, but subscribers
+        # learn of it here when the writer did not tell them (another agent's or the admin's
+        # claim store sharing this database).
+        echo = row.resource_version == (obj.get("metadata") or {}).get("resourceVersion")
+        if applied or echo:
             self._notify("instance", name, obj)
 
     def _instance_relist(self, items: list[dict[str, Any]]) -> None:

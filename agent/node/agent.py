@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -152,6 +152,7 @@ class NodeAgent:
         self._il: dict[str, InstancePlugin] = {}
         self._cl: dict[str, ConfigurationPlugin] = {}
         self._dirty: set[str] = set()
+        self._lifecycle: set[Future] = set()  # plugin starts and stops under way
         self._deadlines: dict[str, float] = {}  # configuration -> re-check at
         self._discovery: dict[str, ConfigDiscovery] = {}  # worker thread only
         self._said: dict[str, str] = {}  # last log line per topic, so repeats stay quiet
@@ -624,10 +625,10 @@ class NodeAgent:
                 started.append(self._cl[name])
             stopped += [self._il.pop(n) for n in list(self._il.keys() - instances)]
             stopped += [self._cl.pop(n) for n in list(self._cl.keys() - configurations)]
-        for plugin in stopped:
-            self.loop.submit(plugin.stop())
-        for plugin in started:
-            self.loop.submit(plugin.start())
+        futures = [self.loop.submit(p.stop()) for p in stopped]
+        futures += [self.loop.submit(p.start()) for p in started]
+        with self._lock:
+            self._lifecycle = {f for f in self._lifecycle if not f.done()} | set(futures)
 
     def _stop_plugins(self) -> None:
         with self._lock:
@@ -635,12 +636,17 @@ class NodeAgent:
             self._il.clear()
             self._cl.clear()
 
+            pending = list(self._lifecycle)
+
         async def stop_all() -> None:
             if self._monitor is not None:
                 self._monitor.cancel()
             await asyncio.gather(*(p.stop() for p in plugins), return_exceptions=True)
 
         try:
+            # Starts and stops still under way finish first: the loop must not stop with a
+            # server half closed (its socket would accept connections nobody answers).
+            wait(pending, timeout=STOP_TIMEOUT)
             self.loop.run(stop_all(), timeout=STOP_TIMEOUT)
         except Exception:
             log.exception("stopping the device plugins of %s failed", self.node_name)

@@ -456,6 +456,9 @@ class NodeReconciler:
         return self
 
     def stop(self) -> None:
+        """Stop watching and sweeping; idempotent."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         self._wake.set()
         if self._watcher is not None:

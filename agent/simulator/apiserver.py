@@ -35,12 +35,18 @@ Documented gaps (acceptable for the project's tests; see kube-api-semantics.md Â
   conditions by `type`, `finalizers` as a set; other lists are replaced);
 - server-side apply (`application/apply-patch+yaml`) answers 415: no managedFields, no field
   ownership. Tests of Akri-style SSA slot ownership need a real cluster;
-- no protobuf, no aggregated discovery, no OpenAPI documents, no `/log`, `/exec`, `/scale`;
+- JSON (and YAML) bodies only: no protobuf (so `kubectl create configmap`, which sends protobuf,
+  gets 415), no aggregated discovery, no OpenAPI documents (`kubectl apply` needs
+  `--validate=false`), no server-side Table printing, no `/log`, `/exec`, `/scale`;
 - list `resourceVersion`/`resourceVersionMatch` are ignored (always the latest state); continue
   tokens never expire; pages after the first show the latest state with the first page's rv;
 - resourceVersions are small integers in strings (clients must still treat them as opaque);
 - `generation` is kept for every type (real ConfigMaps and Secrets have none);
-- a watch from a resourceVersion newer than the server's is accepted instead of waiting.
+- a watch from a resourceVersion newer than the server's is accepted instead of waiting;
+- deleting a CRD removes its objects at once (no cleanup finalizer, no DELETED events).
+
+`stop()` keeps the store: `start()` again serves the same objects on the same port, which lets a
+test restart "the API server" under running watchers.
 
 Run standalone: `python -m agent.simulator.apiserver --port 8001 [--kubeconfig PATH]`.
 """
@@ -811,6 +817,8 @@ class ApiServerSimulator:
                 timeout = float(query["timeoutSeconds"])
             except ValueError as exc:
                 raise bad_request(f"invalid timeoutSeconds {query['timeoutSeconds']}") from exc
+            # Like the real server, 0 means "no timeout given": the server's own limit applies.
+            timeout = timeout if timeout > 0 else None
         bookmarks = parse_bool(query.get("allowWatchBookmarks"))
         if self._stopping.is_set():
             raise ApiError(503, "ServiceUnavailable", "the server is shutting down")

@@ -69,3 +69,20 @@ def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def ensure_roles(using: str = "default", **kwargs: Any) -> None:
+    """Create or complete the three groups; idempotent.
+
+    Runs after every ``migrate`` and ``flush`` (``post_migrate``), so that roles exist on a
+    fresh database, after tests flush it, and include permissions of models added later.
+    """
+    from django.contrib.auth.models import Group, Permission
+
+    perms = Permission.objects.using(using)
+    view = list(perms.filter(content_type__app_label="agent", codename__startswith="view_"))
+    release = list(perms.filter(content_type__app_label="agent", codename="release_slot"))
+    groups = Group.objects.using(using)
+    groups.get_or_create(name=VIEWER)[0].permissions.add(*view)
+    groups.get_or_create(name=OPERATOR)[0].permissions.add(*view, *release)
+    groups.get_or_create(name=ADMIN)[0].permissions.add(*perms.all())

@@ -1,7 +1,18 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
+from django.db.models.signals import post_migrate
 
 
 class DashboardConfig(AppConfig):
     name = "akri_site.dashboard"
     label = "dashboard"
     verbose_name = "Dashboard"
+
+    def ready(self) -> None:
+        from akri_site.dashboard.access import ensure_roles
+
+        # post_migrate is sent only for apps with models, so listen for the agent's: by then
+        # its permissions exist (auth's handler was connected first). Also sent by ``flush``,
+        # which transactional tests run between tests.
+        post_migrate.connect(
+            ensure_roles, sender=apps.get_app_config("agent"), dispatch_uid="akri-dashboard-roles"
+        )

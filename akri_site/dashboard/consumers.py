@@ -143,7 +143,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         kind = content["type"]
         if kind == "ping":
             await self.send_json(
-                {"type": "pong", "sync": await self._sync(), "at": iso(timezone.now())}
+                {"type": "pong", "sync": await self._sync_status(), "at": iso(timezone.now())}
             )
         elif kind == "subscribe":
             await self._subscribe(content)
@@ -171,7 +171,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(await snapshot(self.view, self.filters, self.release))
 
     @database_sync_to_async
-    def _sync(self) -> dict[str, Any]:
+    def _sync_status(self) -> dict[str, Any]:
         return queries.sync_status()
 
     async def live_delta(self, event: dict[str, Any]) -> None:

@@ -180,9 +180,11 @@ def slot_matches(
     elif state and slot["state"] != state:
         return False
     node = f.get("node")
-    # A node's view: what it holds anywhere, and every slot of the Instances it can see
-    # (who else holds them explains why it cannot).
-    return not node or slot["node"] == node or node in instance["nodes"]
+    # A node's view: what it holds, and what it could take (the slots of the Instances it can
+    # see that no other node holds). Slots held by others stay in the row, faded, as context.
+    if not node or slot["node"] == node:
+        return True
+    return node in instance["nodes"] and slot["state"] != "held"
 
 
 def narrow(instance: Mapping[str, Any], f: Mapping[str, str]) -> dict[str, Any] | None:

@@ -1,0 +1,204 @@
+"""The Configuration-level plugin: ``akri.sh/<configuration>`` requests mapped onto real slots."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from agent.kube.claims import ClaimStore
+from agent.models import SlotEvent
+from agent.protos import deviceplugin_pb2 as dp
+
+from .test_agent_lifecycle import (
+    CONFIG,
+    FOO0,
+    FOO1,
+    AgentCluster,
+    allocate,
+    configuration_body,
+    healthy,
+    wait_instances,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
+
+RESOURCE = f"akri.sh/{CONFIG}"
+
+
+@pytest.fixture
+def cluster(kube):
+    started = AgentCluster(kube, nodes=("node-a", "node-b")).start()
+    yield started
+    started.stop()
+
+
+def start(cluster: AgentCluster, **spec) -> None:
+    cluster.api.create_configuration(configuration_body(**spec))
+    wait_instances(cluster, {FOO0, FOO1}, nodes=("node-a", "node-b"))
+
+
+def test_two_configuration_devices_get_two_distinct_instances(cluster):
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+
+    result = kubelet.admit_pod("default", "two", [{"name": "c", "requests": {RESOURCE: 2}}])
+
+    assert result.admitted, result.error
+    vdevs = result.container("c").devices[RESOURCE]
+    values = {**cluster.usage(FOO0), **cluster.usage(FOO1)}
+    held = {k: v for k, v in values.items() if v}
+    assert sorted(held.values()) == sorted(f"C:{v}:node-a" for v in vdevs)
+    assert {k.rsplit("-", 1)[0] for k in held} == {FOO0, FOO1}
+    envs = result.container("c").envs
+    assert envs["DEBUG_ECHO_DESCRIPTION_8120FE"] == "foo0"
+    assert envs["DEBUG_ECHO_DESCRIPTION_A19705"] == "foo1"
+    # Used CL slots are never offered again (Akri #849); the IL slots they took are gone too.
+    devices = kubelet.wait_devices(RESOURCE, lambda d: healthy(d) == set())
+    assert sorted(devices) == sorted(vdevs)
+    for instance in (FOO0, FOO1):
+        il = kubelet.wait_devices(f"akri.sh/{instance}", lambda d: len(healthy(d)) == 1)
+        assert len(il) == 2
+        other = cluster["node-b"].kubelet
+        other.wait_devices(f"akri.sh/{instance}", lambda d: len(healthy(d)) == 1)
+
+
+def test_three_unique_devices_where_two_exist_are_refused_whole(cluster):
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+
+    answer = allocate(kubelet, RESOURCE, [f"{CONFIG}-0", f"{CONFIG}-1", f"{CONFIG}-2"])
+
+    assert isinstance(answer, grpc.RpcError)
+    assert answer.code() == grpc.StatusCode.UNKNOWN
+    assert "3 unique devices requested, 2 available" in answer.details()
+    assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-1": ""}
+    assert cluster.usage(FOO1) == {f"{FOO1}-0": "", f"{FOO1}-1": ""}
+    assert not SlotEvent.objects.exists()
+
+
+def test_a_refused_request_rolls_back_the_claims_it_made(cluster):
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    # A foreign value: planned as taken by nobody we know, never overwritten.
+    cluster.api.patch_instance(
+        FOO1,
+        [
+            {"op": "replace", "path": f"/spec/deviceUsage/{FOO1}-0", "value": "x:y"},
+            {"op": "replace", "path": f"/spec/deviceUsage/{FOO1}-1", "value": "x:z"},
+        ],
+    )
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 1)
+
+    answer = allocate(kubelet, RESOURCE, [f"{CONFIG}-0", f"{CONFIG}-1"])
+
+    assert isinstance(answer, grpc.RpcError)
+    assert "2 unique devices requested, 1 available" in answer.details()
+    assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-1": ""}
+
+
+def test_a_slot_lost_between_plan_and_write_is_planned_again(cluster):
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    agent = cluster["node-a"].agent
+    # node-b takes slot 0 of both Instances behind node-a's back: node-a's view is stale.
+    other = ClaimStore(cluster.api, "agent:node-b")
+    stale = {name: agent.view.instance(name) for name in (FOO0, FOO1)}
+    other.claim(FOO0, f"{FOO0}-0", "node-b")
+    other.claim(FOO1, f"{FOO1}-0", "node-b")
+    for name, obj in stale.items():
+        agent.view._instances[name] = obj  # as if the watch had not delivered yet
+
+    answer = allocate(kubelet, RESOURCE, [f"{CONFIG}-0", f"{CONFIG}-1"])
+
+    assert isinstance(answer, dp.AllocateResponse), answer
+    assert cluster.usage(FOO0)[f"{FOO0}-0"] == "node-b"
+    assert cluster.usage(FOO0)[f"{FOO0}-1"].endswith(":node-a")
+    assert cluster.usage(FOO1)[f"{FOO1}-1"].endswith(":node-a")
+
+
+def test_packing_puts_several_slots_on_one_instance(cluster):
+    start(cluster, unique=False)
+    kubelet = cluster["node-a"].kubelet
+    devices = kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 4)
+    assert len(devices) == 4
+
+    result = kubelet.admit_pod("default", "packed", [{"name": "c", "requests": {RESOURCE: 2}}])
+
+    assert result.admitted, result.error
+    assert sorted(v for v in cluster.usage(FOO0).values() if v) == sorted(
+        f"C:{v}:node-a" for v in result.container("c").devices[RESOURCE]
+    )
+    assert cluster.usage(FOO1) == {f"{FOO1}-0": "", f"{FOO1}-1": ""}
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+
+
+def test_two_containers_and_two_pods_on_one_node_each_get_their_own_devices(cluster):
+    start(cluster, capacity=3)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+
+    first = kubelet.admit_pod(
+        "default",
+        "two-containers",
+        [{"name": "c1", "requests": {RESOURCE: 1}}, {"name": "c2", "requests": {RESOURCE: 1}}],
+    )
+    assert first.admitted, first.error
+    kubelet.wait_devices(RESOURCE, lambda d: len(d) == 2 and healthy(d) == set())
+    second = kubelet.admit_pod("default", "late", [{"name": "c", "requests": {RESOURCE: 1}}])
+
+    assert not second.admitted  # two Instances: this node already holds one vdev of each
+    values = [v for i in (FOO0, FOO1) for v in cluster.usage(i).values() if v]
+    assert sorted(values) == sorted(
+        f"C:{v}:node-a" for c in first.containers for v in c.devices[RESOURCE]
+    )
+    assert {v.split(":")[1] for v in values} == {f"{CONFIG}-0", f"{CONFIG}-1"}
+
+
+def test_a_re_asked_vdev_maps_to_the_slot_it_already_holds(cluster):
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    assert isinstance(allocate(kubelet, RESOURCE, [f"{CONFIG}-0"]), dp.AllocateResponse)
+    before = {**cluster.usage(FOO0), **cluster.usage(FOO1)}
+
+    again = allocate(kubelet, RESOURCE, [f"{CONFIG}-0"])
+
+    assert isinstance(again, dp.AllocateResponse)
+    assert {**cluster.usage(FOO0), **cluster.usage(FOO1)} == before
+    assert SlotEvent.objects.count() == 1
+
+
+def test_preferred_allocation_names_the_lowest_available_devices(cluster):
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    state = kubelet.resources()[RESOURCE]
+    assert state.options.get_preferred_allocation_available
+    il = kubelet.resources()[f"akri.sh/{FOO0}"]
+    assert not il.options.get_preferred_allocation_available
+    from agent.protos import deviceplugin_pb2_grpc as dp_grpc
+
+    with grpc.insecure_channel("unix://" + state.endpoint) as channel:
+        answer = dp_grpc.DevicePluginStub(channel).GetPreferredAllocation(
+            dp.PreferredAllocationRequest(
+                container_requests=[
+                    dp.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=[f"{CONFIG}-1", f"{CONFIG}-0"], allocation_size=1
+                    )
+                ]
+            ),
+            timeout=5,
+        )
+    with grpc.insecure_channel("unix://" + il.endpoint) as channel, pytest.raises(
+        grpc.RpcError
+    ) as refused:
+        dp_grpc.DevicePluginStub(channel).GetPreferredAllocation(
+            dp.PreferredAllocationRequest(), timeout=5
+        )
+
+    assert list(answer.container_responses[0].deviceIDs) == [f"{CONFIG}-0"]
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED

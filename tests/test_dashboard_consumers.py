@@ -1,0 +1,371 @@
+"""The live websocket: access, snapshot, deltas from live.py, bad frames, and the Coalescer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.cookies import SimpleCookie
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from django.utils import timezone
+
+from agent.metrics import WEBSOCKET_CLIENTS
+from agent.models import Instance, ReconcileRun, Slot
+from akri_site.asgi import application
+from akri_site.dashboard import live
+from akri_site.dashboard.consumers import LiveConsumer
+from akri_site.dashboard.sample import make_cluster
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FIRST = "default/akri-onvif-000000"
+ORIGIN = (b"origin", b"http://localhost")
+
+
+def user_with(role: str | None) -> User:
+    user = User.objects.create_user(f"ws-{role}")
+    if role:
+        user.groups.add(Group.objects.get(name=role))
+    return user
+
+
+def socket(user: User | None, query: str = "") -> WebsocketCommunicator:
+    """The consumer itself, with the user the auth middleware would have put in the scope."""
+    communicator = WebsocketCommunicator(LiveConsumer.as_asgi(), f"/ws/live/?{query}")
+    if user is not None:
+        communicator.scope["user"] = user
+    return communicator
+
+
+def run(scenario):
+    """Drive an async scenario from a sync test (no pytest-asyncio needed)."""
+    return async_to_sync(scenario)()
+
+
+@pytest.fixture
+def cluster():
+    return make_cluster(instances=10, capacity=4)
+
+
+@pytest.fixture
+def viewer():
+    return user_with("viewer")
+
+
+def take_slot(key: str, node: str) -> Instance:
+    slot = Slot.objects.select_related("instance").get(key=key)
+    Slot.objects.filter(pk=slot.pk).update(
+        value=node, level="IL", holder_node=node, since=timezone.now()
+    )
+    return slot.instance
+
+
+def test_anonymous_users_are_refused_before_the_handshake(cluster):
+    async def scenario():
+        communicator = WebsocketCommunicator(application, "/ws/live/", headers=[ORIGIN])
+        connected, code = await communicator.connect()
+        assert (connected, code) == (False, 4403)
+
+    run(scenario)
+
+
+def test_a_user_without_a_role_is_refused(cluster):
+    outsider = user_with(None)
+
+    async def scenario():
+        connected, code = await socket(outsider).connect()
+        assert (connected, code) == (False, 4403)
+
+    run(scenario)
+
+
+def test_a_signed_in_viewer_connects_through_the_full_stack(cluster, viewer):
+    client = Client()
+    client.force_login(viewer)
+    cookie = SimpleCookie()
+    cookie[settings.SESSION_COOKIE_NAME] = client.cookies[settings.SESSION_COOKIE_NAME].value
+
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application,
+            "/ws/live/?view=overview",
+            headers=[ORIGIN, (b"cookie", cookie.output(header="", sep=";").strip().encode())],
+        )
+        connected, _ = await communicator.connect()
+        assert connected
+        snapshot = await communicator.receive_json_from()
+        assert snapshot["type"] == "snapshot" and snapshot["view"] == "overview"
+        assert snapshot["instances"] == []  # the overview needs counts, not rows
+        assert snapshot["summary"]["totals"]["total"] == 40
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+def test_a_foreign_origin_is_refused(cluster):
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, "/ws/live/", headers=[(b"origin", b"http://evil.example")]
+        )
+        connected, _ = await communicator.connect()
+        assert not connected
+
+    run(scenario)
+
+
+def test_the_snapshot_on_connect_is_the_filtered_slot_map(cluster, viewer):
+    async def scenario():
+        communicator = socket(viewer, "state=foreign")
+        assert (await communicator.connect())[0]
+        snapshot = await communicator.receive_json_from()
+        assert snapshot["type"] == "snapshot"
+        assert snapshot["filters"] == {"state": "foreign"}
+        (instance,) = snapshot["instances"]
+        assert instance["key"] == "default/akri-onvif-000009"
+        assert instance["match"] == ["akri-onvif-000009-3"]
+        assert len(instance["slots"]) == 4  # the whole row, for context
+        assert 'data-state="foreign"' in snapshot["html"][instance["key"]]
+        assert not snapshot["truncated"]
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+def test_a_change_published_after_commit_reaches_the_socket_as_a_delta(cluster, viewer):
+    async def scenario():
+        communicator = socket(viewer)
+        assert (await communicator.connect())[0]
+        first = await communicator.receive_json_from()
+        assert len(first["instances"]) == 10
+
+        instance = await database_sync_to_async(take_slot)("akri-onvif-000000-3", "node-b")
+        await database_sync_to_async(live.publish_instances)([instance.pk])
+
+        delta = await communicator.receive_json_from()
+        assert delta["type"] == "delta"
+        (row,) = delta["instances"]
+        assert row["key"] == FIRST
+        slot = row["slots"][3]
+        assert (slot["state"], slot["node"], slot["level"]) == ("held", "node-b", "IL")
+        assert 'data-slot="akri-onvif-000000-3" data-state="held"' in delta["html"][FIRST]
+        assert delta["summary"]["totals"]["held"] == 21
+        assert delta["removed"] == [] and delta["runs"] == []
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+def test_removed_instances_and_runs_are_published(cluster, viewer):
+    started = timezone.now()
+    run_row = ReconcileRun.objects.create(
+        scope="cluster", trigger="sweep", started_at=started, released=2
+    )
+
+    async def scenario():
+        communicator = socket(viewer)
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from()
+
+        await database_sync_to_async(Instance.objects.filter(name="akri-onvif-000001").delete)()
+        await database_sync_to_async(live.publish_removed)(["default/akri-onvif-000001"])
+        delta = await communicator.receive_json_from()
+        assert delta["removed"] == ["default/akri-onvif-000001"]
+
+        await database_sync_to_async(live.publish_run)(run_row.pk)
+        delta = await communicator.receive_json_from()
+        (published,) = delta["runs"]
+        assert (published["id"], published["result"]) == (run_row.pk, "changed")
+        assert f'data-run="{run_row.pk}"' in delta["runs_html"][str(run_row.pk)]
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+def test_a_delta_that_no_longer_matches_the_filters_removes_the_row(cluster, viewer):
+    async def scenario():
+        communicator = socket(viewer)
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from()
+        await communicator.send_json_to({"type": "subscribe", "filters": {"state": "foreign"}})
+        snapshot = await communicator.receive_json_from()
+        assert [i["key"] for i in snapshot["instances"]] == ["default/akri-onvif-000009"]
+
+        instance = await database_sync_to_async(take_slot)("akri-onvif-000009-3", "node-a")
+        await database_sync_to_async(live.publish_instances)(["default/akri-onvif-000009"])
+        delta = await communicator.receive_json_from()
+        assert delta["instances"] == []
+        assert delta["removed"] == ["default/akri-onvif-000009"]
+        assert instance.pk
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+def test_ping_gets_pong_with_the_cache_freshness(cluster, viewer):
+    async def scenario():
+        communicator = socket(viewer)
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from()
+        await communicator.send_json_to({"type": "ping"})
+        pong = await communicator.receive_json_from()
+        assert pong["type"] == "pong"
+        assert pong["sync"]["watchers"] == 1 and pong["sync"]["stale"] == []
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("frame", "error"),
+    [
+        ("this is not json", "frame is not JSON"),
+        (b"\x00\x01", "binary frames are not understood"),
+        ("[1, 2]", 'a frame is a JSON object with a "type"'),
+        ('{"type": 5}', 'a frame is a JSON object with a "type"'),
+        ('{"type": "dance"}', "unknown frame type 'dance'"),
+        ('{"type": "subscribe", "filters": [1]}', "filters must be an object of strings"),
+        ('{"type": "subscribe", "filters": {"node": "nope"}}', "No node named"),
+        ("x" * 20000, "frame larger than"),
+    ],
+)
+def test_a_garbage_frame_closes_that_socket_only(cluster, viewer, frame, error):
+    async def scenario():
+        bad, good = socket(viewer), socket(viewer)
+        for communicator in (bad, good):
+            assert (await communicator.connect())[0]
+            await communicator.receive_json_from()
+
+        if isinstance(frame, bytes):
+            await bad.send_to(bytes_data=frame)
+        else:
+            await bad.send_to(text_data=frame)
+        answer = await bad.receive_json_from()
+        assert answer["type"] == "error" and error in answer["error"]
+        closed = await bad.receive_output()
+        assert closed["type"] == "websocket.close" and closed["code"] == 4400
+
+        instance = await database_sync_to_async(take_slot)("akri-onvif-000002-3", "node-b")
+        await database_sync_to_async(live.publish_instances)([instance.pk])
+        delta = await good.receive_json_from()
+        assert delta["type"] == "delta" and delta["instances"][0]["key"].endswith("000002")
+        await good.disconnect()
+        await bad.disconnect()
+
+    run(scenario)
+
+
+def test_bad_filters_in_the_url_close_the_socket_with_a_reason(cluster, viewer):
+    async def scenario():
+        communicator = socket(viewer, "state=bogus")
+        assert (await communicator.connect())[0]
+        answer = await communicator.receive_json_from()
+        assert answer["type"] == "error" and "state" in answer["error"]
+        closed = await communicator.receive_output()
+        assert closed["code"] == 4400 and closed["reason"].startswith("bad filters")
+
+    run(scenario)
+
+
+def test_connected_clients_are_counted(cluster, viewer):
+    before = WEBSOCKET_CLIENTS._value.get()
+
+    async def scenario():
+        communicator = socket(viewer)
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from()
+        assert WEBSOCKET_CLIENTS._value.get() == before + 1
+        await communicator.disconnect()
+
+    run(scenario)
+    assert WEBSOCKET_CLIENTS._value.get() == before
+
+
+def test_messages_are_chunked_and_a_key_that_is_gone_is_sent_as_removed(cluster):
+    messages = live.build_messages(
+        instances=[i.pk for i in Instance.objects.all()] + ["default/never-was"], runs=[]
+    )
+    assert len(messages) == 1
+    assert len(messages[0]["instances"]) == 10
+    assert messages[0]["removed"] == ["default/never-was"]
+    assert json.loads(json.dumps(messages[0])) == messages[0]  # plain JSON all through
+
+    live.CHUNK, saved = 4, live.CHUNK
+    try:
+        chunks = live.build_messages(instances=[i.pk for i in Instance.objects.all()])
+    finally:
+        live.CHUNK = saved
+    assert [len(m["instances"]) for m in chunks] == [4, 4, 2]
+    assert live.build_messages() == []
+
+
+# --- Coalescer (no database: a fake send) -----------------------------------------------------
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+        self.event = threading.Event()
+
+    def __call__(self, **batch):
+        self.calls.append((time.monotonic(), batch))
+        self.event.set()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_coalescer_sends_one_delta_per_window():
+    send = Recorder()
+    coalescer = live.Coalescer(window_ms=100, send=send).start()
+    started = time.monotonic()
+    try:
+        for n in range(20):
+            coalescer.add([n])
+        coalescer.add_removed(["default/gone"])
+        coalescer.add_run(7)
+        assert send.event.wait(2)
+    finally:
+        coalescer.stop()
+    ((at, batch),) = send.calls
+    assert sorted(batch["instances"]) == list(range(20))
+    assert batch["removed"] == ["default/gone"] and batch["runs"] == [7]
+    assert 0.09 <= at - started < 1.0
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_coalescer_flushes_what_is_pending_when_stopped():
+    send = Recorder()
+    coalescer = live.Coalescer(window_ms=5000, send=send).start()
+    coalescer.add(["default/cam-1"])
+    coalescer.stop()
+
+    assert [batch["instances"] for _, batch in send.calls] == [["default/cam-1"]]
+    assert not coalescer.pending()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_failing_send_does_not_stop_the_coalescer():
+    failed, ready = threading.Event(), threading.Event()
+    sent = []
+
+    def send(**batch):
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("channel layer down")
+        sent.append(batch)
+        ready.set()
+
+    coalescer = live.Coalescer(window_ms=10, send=send).start()
+    try:
+        coalescer.add([1])
+        assert failed.wait(2)
+        coalescer.add([2])
+        assert ready.wait(2)
+    finally:
+        coalescer.stop()
+    assert sent[0]["instances"] == [2]

@@ -1,0 +1,377 @@
+"""Node-local slot reconciliation against the API-server simulator, with a PodResources
+stand-in: deletions and terminations, the grace window, seed 002's orderings, restore and
+conflicts, agent and kubelet restarts."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from kubernetes import client
+
+from agent.domain.naming import il_resource_name, slot_key
+from agent.kube.claims import ClaimStore
+from agent.kube.client import AkriApi
+from agent.models import ReconcileRun, Slot, SlotEvent, SlotPodBinding
+from agent.node.reconcile import NodeReconciler
+from tests.reconcile_world import (
+    FakeClock,
+    FakePodResources,
+    allocate_cl,
+    allocate_il,
+    create_pod,
+    make_instance,
+    pod_object,
+    usage,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
+
+NAME = "cams-8120fe"
+KEY0, KEY1 = slot_key(NAME, 0), slot_key(NAME, 1)
+RESOURCE = il_resource_name(NAME)
+
+
+@pytest.fixture
+def api(kube):
+    return AkriApi(kube.api_client, kube.namespace)
+
+
+@pytest.fixture
+def core(kube):
+    return client.CoreV1Api(kube.api_client)
+
+
+@pytest.fixture
+def kubelet():
+    return FakePodResources()
+
+
+@pytest.fixture
+def store(api):
+    """The device plugins' claim store."""
+    return ClaimStore(api, "agent:node-a")
+
+
+@pytest.fixture
+def instance(api):
+    return make_instance(api, NAME)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def reconcilers(kube, kubelet):
+    made: list[NodeReconciler] = []
+
+    def make(**kwargs) -> NodeReconciler:
+        options = {
+            "node": "node-a",
+            "namespace": kube.namespace,
+            "pod_resources": kubelet,
+            "api_client": kube.new_client(),
+            "grace": 20,
+            "sweep_interval": 3600,
+        }
+        options.update(kwargs)
+        reconciler = NodeReconciler(**options)
+        made.append(reconciler)
+        return reconciler
+
+    yield make
+    for reconciler in made:
+        reconciler.stop()
+
+
+@pytest.fixture
+def direct(reconcilers, clock):
+    """A reconciler driven by the test: no threads, no pod watch, fake time."""
+    reconciler = reconcilers(workers=0, watch_pods=False, read_pods=False, clock=clock)
+    reconciler.on_pod_relist([])
+    return reconciler
+
+
+def binding(slot: str = KEY0) -> SlotPodBinding | None:
+    return SlotPodBinding.objects.filter(node="node-a", slot=slot).first()
+
+
+def causes(slot: str = KEY0) -> list[str]:
+    return list(SlotEvent.objects.filter(slot=slot).order_by("id").values_list("cause", flat=True))
+
+
+def running(kube, reconciler: NodeReconciler, kubelet: FakePodResources, pod: str, key: str = KEY0) -> dict:
+    """A pod on node-a that Allocate gave ``key`` and the kubelet now lists."""
+    obj = pod_object(kube.namespace, pod, "node-a")
+    reconciler.on_pod_event("ADDED", obj)
+    kubelet.hold(kube.namespace, pod, RESOURCE, key)
+    reconciler.learn()
+    assert binding(key).pod_name == pod
+    return obj
+
+
+# --- pods going away, with the real pod watch ---------------------------------------------------
+def test_it_releases_a_slot_when_its_pod_is_deleted(kube, api, core, store, instance, kubelet, reconcilers):
+    reconciler = reconcilers().start()
+    create_pod(core, kube.namespace, "web-1", "node-a")
+    create_pod(core, kube.namespace, "never-ready", "node-a")  # Pending: must not hold anything up
+    allocate_il(reconciler, store, NAME, KEY0)
+    kubelet.hold(kube.namespace, "web-1", RESOURCE, KEY0)
+    kube.wait_for(lambda: binding() and binding().pod_name == "web-1", message="the pod named by a learn pass")
+
+    core.delete_namespaced_pod("web-1", kube.namespace)
+    kubelet.drop(kube.namespace, "web-1")
+
+    kube.wait_for(lambda: usage(api, NAME)[KEY0] == "", message="the slot free")
+    run = kube.wait_for(lambda: ReconcileRun.objects.filter(node="node-a", trigger="event", released=1).first())
+    event = SlotEvent.objects.get(slot=KEY0, cause="reconcile")
+    assert (event.before, event.after, event.pod, event.run_id) == ("node-a", "", f"{kube.namespace}/web-1", run.pk)
+    assert binding() is None
+    assert Slot.objects.get(key=KEY0).value == ""
+
+
+def test_it_releases_a_slot_when_its_pod_terminates(kube, api, core, store, instance, kubelet, reconcilers):
+    reconciler = reconcilers().start()
+    create_pod(core, kube.namespace, "job-1", "node-a")
+    allocate_il(reconciler, store, NAME, KEY0)
+    kubelet.hold(kube.namespace, "job-1", RESOURCE, KEY0)
+    kube.wait_for(lambda: binding() and binding().pod_name == "job-1")
+
+    # Failed, and the kubelet has not caught up yet: the API server's word is enough.
+    core.patch_namespaced_pod_status("job-1", kube.namespace, {"status": {"phase": "Failed"}})
+
+    kube.wait_for(lambda: causes() == ["allocate", "reconcile"], message="the release recorded")
+    assert usage(api, NAME)[KEY0] == ""
+    assert binding() is None
+
+
+def test_the_dashboard_slot_shows_the_pod_that_holds_it(kube, store, instance, kubelet, direct):
+    allocate_il(direct, store, NAME, KEY0)
+    assert Slot.objects.get(key=KEY0).pod_name == ""
+
+    running(kube, direct, kubelet, "web-1")
+
+    slot = Slot.objects.get(key=KEY0)
+    assert (slot.pod_namespace, slot.pod_name, slot.container) == (kube.namespace, "web-1", "main")
+
+
+# --- the grace window ---------------------------------------------------------------------------
+def test_a_slot_whose_pod_never_shows_is_kept_for_the_grace_then_released(api, store, instance, direct, clock):
+    allocate_il(direct, store, NAME, KEY0)
+
+    clock.advance(19)
+    early = direct.sweep()
+    assert early.released == 0
+    assert usage(api, NAME)[KEY0] == "node-a"
+
+    clock.advance(2)
+    late = direct.sweep()
+    assert late.released == 1
+    assert usage(api, NAME)[KEY0] == ""
+    event = SlotEvent.objects.get(slot=KEY0, cause="reconcile")
+    assert event.run_id == late.pk and "after Allocate" in event.detail
+
+
+def test_a_pod_seen_within_the_grace_keeps_its_slot_for_good(kube, api, store, instance, kubelet, direct, clock):
+    allocate_il(direct, store, NAME, KEY0)
+    running(kube, direct, kubelet, "web-1")
+
+    clock.advance(3600)
+    run = direct.sweep()
+
+    assert (run.checked, run.released) == (1, 0)
+    assert usage(api, NAME)[KEY0] == "node-a"
+
+
+def test_a_known_pod_that_is_deleted_is_released_without_any_grace(kube, api, store, instance, kubelet, direct, clock):
+    allocate_il(direct, store, NAME, KEY0)
+    pod = running(kube, direct, kubelet, "web-1")
+
+    direct.on_pod_event("DELETED", pod)  # no time passes at all
+
+    assert usage(api, NAME)[KEY0] == ""
+    assert ReconcileRun.objects.get(trigger="event").released == 1
+
+
+# --- seed 002's orderings -------------------------------------------------------------------------
+def test_allocate_after_delete_claims_the_freed_slot_afresh(kube, api, store, instance, kubelet, direct):
+    allocate_il(direct, store, NAME, KEY0)
+    old = running(kube, direct, kubelet, "old")
+    direct.on_pod_event("DELETED", old)
+    kubelet.drop(kube.namespace, "old")
+    assert usage(api, NAME)[KEY0] == ""
+
+    assert allocate_il(direct, store, NAME, KEY0) == "claimed"
+
+    assert usage(api, NAME)[KEY0] == "node-a"
+    assert causes() == ["allocate", "reconcile", "allocate"]
+    assert binding().pod_name == ""  # the new allocation, its pod not yet named
+
+
+def test_allocate_during_delete_waits_for_the_release_then_claims(kube, api, store, instance, kubelet, reconcilers):
+    entered, proceed = threading.Event(), threading.Event()
+
+    class SlowStore(ClaimStore):
+        def release(self, *args, **kwargs):
+            entered.set()
+            assert proceed.wait(10)
+            return super().release(*args, **kwargs)
+
+    reconciler = reconcilers(
+        workers=0, watch_pods=False, read_pods=False, claims=SlowStore(AkriApi(kube.new_client(), kube.namespace), "agent:node-a")
+    )
+    reconciler.on_pod_relist([])
+    allocate_il(reconciler, store, NAME, KEY0)
+    old = running(kube, reconciler, kubelet, "old")
+    kubelet.drop(kube.namespace, "old")
+    deleting = threading.Thread(target=reconciler.on_pod_event, args=("DELETED", old))
+    deleting.start()
+    assert entered.wait(10)  # the release is under way, holding the Instance's lock
+    allocated: list[str] = []
+    allocating = threading.Thread(target=lambda: allocated.append(allocate_il(reconciler, store, NAME, KEY0)))
+    allocating.start()
+
+    proceed.set()
+    deleting.join(10)
+    allocating.join(10)
+
+    assert allocated == ["claimed"]  # not "already ours": the release went first
+    assert usage(api, NAME)[KEY0] == "node-a"
+    assert causes() == ["allocate", "reconcile", "allocate"]
+    assert binding().pod_name == ""
+
+
+def test_allocate_before_delete_keeps_the_slot_for_the_new_pod(kube, api, store, instance, kubelet, direct):
+    allocate_il(direct, store, NAME, KEY0)
+    old = running(kube, direct, kubelet, "old")
+    # The kubelet already let go of "old" and hands its device to "new"...
+    kubelet.drop(kube.namespace, "old")
+    assert allocate_il(direct, store, NAME, KEY0) == "already ours"
+    # ...before the reconciler hears that "old" was deleted.
+    direct.on_pod_event("DELETED", old)
+
+    assert usage(api, NAME)[KEY0] == "node-a"
+    assert causes() == ["allocate"]
+    assert not ReconcileRun.objects.filter(released__gt=0).exists()
+    new = running(kube, direct, kubelet, "new")
+    direct.on_pod_event("DELETED", new)
+    assert usage(api, NAME)[KEY0] == ""
+
+
+# --- restore and conflicts ----------------------------------------------------------------------
+def test_a_manually_released_slot_of_a_live_pod_is_claimed_back(kube, api, store, instance, kubelet, direct):
+    allocate_il(direct, store, NAME, KEY0)
+    running(kube, direct, kubelet, "web-1")
+    ClaimStore(api, "user:ops").release(NAME, KEY0, "node-a", cause=SlotEvent.Cause.MANUAL)
+    assert usage(api, NAME)[KEY0] == ""
+
+    run = direct.sweep()
+
+    assert run.restored == 1
+    assert usage(api, NAME)[KEY0] == "node-a"
+    event = SlotEvent.objects.filter(slot=KEY0).order_by("id").last()
+    assert (event.cause, event.after, event.run_id) == ("restore", "node-a", run.pk)
+    assert binding().pod_name == "web-1"
+
+
+def test_a_device_in_use_here_but_held_by_another_node_is_a_conflict_never_taken(kube, api, instance, kubelet, direct):
+    ClaimStore(api, "agent:node-b").claim(NAME, KEY1, "node-b")
+    direct.on_pod_event("ADDED", pod_object(kube.namespace, "web-1", "node-a"))
+    kubelet.hold(kube.namespace, "web-1", RESOURCE, KEY1)
+
+    first = direct.sweep()
+    second = direct.sweep()
+
+    assert (first.conflicts, second.conflicts) == (1, 1)
+    assert usage(api, NAME)[KEY1] == "node-b"
+    event = SlotEvent.objects.get(slot=KEY1, cause="conflict")  # shown once, not every sweep
+    assert (event.before, event.after, event.run_id) == ("node-b", "node-b", first.pk)
+    assert "held by 'node-b'" in first.detail
+
+
+def test_a_configuration_level_slot_is_found_by_its_vdev(kube, api, store, instance, kubelet, direct):
+    allocate_cl(direct, store, NAME, KEY1, "cams", "cams-0")
+    pod = pod_object(kube.namespace, "cl-1", "node-a")
+    direct.on_pod_event("ADDED", pod)
+    kubelet.hold(kube.namespace, "cl-1", "akri.sh/cams", "cams-0")
+    direct.learn()
+    assert binding(KEY1).pod_name == "cl-1"
+
+    direct.on_pod_event("DELETED", pod)
+
+    assert usage(api, NAME)[KEY1] == ""
+
+
+# --- restarts -------------------------------------------------------------------------------------
+def test_a_restarted_agent_releases_slots_of_pods_deleted_while_it_was_down(
+    kube, api, core, store, instance, kubelet, reconcilers
+):
+    first = reconcilers().start()
+    create_pod(core, kube.namespace, "web-1", "node-a")
+    allocate_il(first, store, NAME, KEY0)
+    kubelet.hold(kube.namespace, "web-1", RESOURCE, KEY0)
+    kube.wait_for(lambda: binding() and binding().pod_name == "web-1")
+    first.stop()
+    core.delete_namespaced_pod("web-1", kube.namespace)
+    kubelet.drop(kube.namespace, "web-1")
+
+    reconcilers().start()
+
+    event = kube.wait_for(lambda: SlotEvent.objects.filter(slot=KEY0, cause="reconcile").first())
+    assert event.run.trigger == "startup"
+    assert usage(api, NAME)[KEY0] == ""
+
+
+def test_a_restarted_agent_keeps_live_pods_slots_and_their_bindings(kube, api, store, instance, kubelet, reconcilers, clock):
+    first = reconcilers(workers=0, watch_pods=False, read_pods=False, clock=clock)
+    first.on_pod_relist([])
+    allocate_il(first, store, NAME, KEY0)
+    pod = running(kube, first, kubelet, "web-1")
+    first.stop()
+
+    clock.advance(600)
+    second = reconcilers(workers=0, watch_pods=False, read_pods=False, clock=clock)
+    second.on_pod_relist([pod])
+    run = second.sweep(ReconcileRun.Trigger.STARTUP)
+
+    assert (run.released, run.restored, run.errors) == (0, 0, 0)
+    assert usage(api, NAME)[KEY0] == "node-a"
+    assert second.bindings()[0].pod_name == "web-1"
+    second.on_pod_event("DELETED", pod)
+    assert usage(api, NAME)[KEY0] == ""
+
+
+def test_a_claim_the_agent_crashed_before_binding_is_adopted_and_freed_after_grace(
+    api, store, instance, reconcilers, clock
+):
+    store.claim(NAME, KEY0, "node-a")  # claimed; the agent died before on_allocated
+    restarted = reconcilers(workers=0, watch_pods=False, read_pods=False, clock=clock)
+    restarted.on_pod_relist([])
+
+    adopted = restarted.sweep(ReconcileRun.Trigger.STARTUP)
+    assert adopted.released == 0 and binding() is not None
+    clock.advance(21)
+    freed = restarted.sweep()
+
+    assert freed.released == 1
+    assert usage(api, NAME)[KEY0] == ""
+
+
+def test_an_unavailable_kubelet_frees_nothing_until_it_answers(kube, api, store, instance, kubelet, direct, clock):
+    allocate_il(direct, store, NAME, KEY0)
+    running(kube, direct, kubelet, "web-1")
+    allocate_il(direct, store, NAME, KEY1)  # its pod never shows
+    clock.advance(30)
+    kubelet.available = False
+
+    blind = direct.sweep()
+
+    assert (blind.errors, blind.released) == (1, 0)
+    assert "PodResources unavailable" in blind.detail
+    assert usage(api, NAME) == {KEY0: "node-a", KEY1: "node-a"}
+    kubelet.available = True
+    seeing = direct.sweep()
+    assert (seeing.errors, seeing.released) == (0, 1)
+    assert usage(api, NAME) == {KEY0: "node-a", KEY1: ""}
