@@ -100,25 +100,43 @@ def _transition_time(obj: dict[str, Any]):
 class Controller:
     """Runs the watchers and the live fan-out until ``stop()``."""
 
-    def __init__(self, api_client: client.ApiClient, namespace: str, *, sync: CacheSync | None = None,
-                 timeout_seconds: int = 300) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        *,
+        sync: CacheSync | None = None,
+        timeout_seconds: int = 300,
+    ) -> None:
         from akri_site.dashboard.live import Coalescer
 
         self.api_client = api_client
         self.namespace = namespace
         self.owns_sync = sync is None
-        self.sync = sync or CacheSync(api_client, namespace, owner="controller", timeout_seconds=timeout_seconds)
+        self.sync = sync or CacheSync(
+            api_client, namespace, owner="controller", timeout_seconds=timeout_seconds
+        )
         self.live = Coalescer()
         core = client.CoreV1Api(api_client)
         self.pods = ResourceWatcher(
-            owner="controller", kind="pods", list_func=core.list_pod_for_all_namespaces,
-            on_event=self._pod_event, on_relist=self._pod_relist, api_client=api_client,
-            to_dict=True, timeout_seconds=timeout_seconds,
+            owner="controller",
+            kind="pods",
+            list_func=core.list_pod_for_all_namespaces,
+            on_event=self._pod_event,
+            on_relist=self._pod_relist,
+            api_client=api_client,
+            to_dict=True,
+            timeout_seconds=timeout_seconds,
         )
         self.nodes = ResourceWatcher(
-            owner="controller", kind="nodes", list_func=core.list_node,
-            on_event=self._node_event, on_relist=self._node_relist, api_client=api_client,
-            to_dict=True, timeout_seconds=timeout_seconds,
+            owner="controller",
+            kind="nodes",
+            list_func=core.list_node,
+            on_event=self._node_event,
+            on_relist=self._node_relist,
+            api_client=api_client,
+            to_dict=True,
+            timeout_seconds=timeout_seconds,
         )
         self._threads: list[threading.Thread] = []
 
@@ -128,7 +146,9 @@ class Controller:
         if self.owns_sync:
             self.sync.start()
         for watcher in (self.pods, self.nodes):
-            thread = threading.Thread(target=watcher.run, name=f"controller-{watcher.kind}", daemon=True)
+            thread = threading.Thread(
+                target=watcher.run, name=f"controller-{watcher.kind}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
         return self
@@ -173,7 +193,9 @@ class Controller:
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         if kind == "DELETED":
-            Node.objects.filter(name=name).update(deleted=True, ready=False, not_ready_since=timezone.now())
+            Node.objects.filter(name=name).update(
+                deleted=True, ready=False, not_ready_since=timezone.now()
+            )
             self._enqueue_cluster_reconcile(f"node {name} deleted")
         elif apply_node(obj):
             self._enqueue_cluster_reconcile(f"node {name} NotReady")
@@ -196,10 +218,16 @@ class Controller:
         try:
             if settings.CELERY_TASK_ALWAYS_EAGER:
                 # No broker to hold a delayed task: wait in-process instead.
-                timer = threading.Timer(grace + 1, tasks.reconcile_cluster.apply, kwargs={"kwargs": {"trigger": "event"}})
+                timer = threading.Timer(
+                    grace + 1,
+                    tasks.reconcile_cluster.apply,
+                    kwargs={"kwargs": {"trigger": "event"}},
+                )
                 timer.daemon = True
                 timer.start()
             else:
-                tasks.reconcile_cluster.apply_async(kwargs={"trigger": "event"}, countdown=grace + 1)
+                tasks.reconcile_cluster.apply_async(
+                    kwargs={"trigger": "event"}, countdown=grace + 1
+                )
         except Exception:
             log.exception("controller: could not enqueue cluster reconciliation")

@@ -85,6 +85,7 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
+            # A file, not memory: Daphne's live-server process must see the test database.
             "TEST": {"NAME": env.string("AKRI_SQLITE_TEST_PATH", str(VAR_DIR / "test.sqlite3"))},
         }
     }

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 
 from agent.kube.claims import ClaimStore
 from agent.models import SlotEvent
 from agent.protos import deviceplugin_pb2 as dp
+from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 
 from .test_agent_lifecycle import (
     CONFIG,
@@ -30,6 +33,21 @@ def cluster(kube):
     started = AgentCluster(kube, nodes=("node-a", "node-b")).start()
     yield started
     started.stop()
+
+
+def preferred(endpoint: str, available: list[str], size: int) -> Any:
+    request = dp.PreferredAllocationRequest(
+        container_requests=[
+            dp.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, allocation_size=size
+            )
+        ]
+    )
+    with grpc.insecure_channel("unix://" + endpoint) as channel:
+        try:
+            return dp_grpc.DevicePluginStub(channel).GetPreferredAllocation(request, timeout=5)
+        except grpc.RpcError as exc:
+            return exc
 
 
 def start(cluster: AgentCluster, **spec) -> None:
@@ -78,11 +96,11 @@ def test_three_unique_devices_where_two_exist_are_refused_whole(cluster):
     assert not SlotEvent.objects.exists()
 
 
-def test_a_refused_request_rolls_back_the_claims_it_made(cluster):
+def test_a_refused_request_releases_the_claims_it_made(cluster):
     start(cluster)
     kubelet = cluster["node-a"].kubelet
     kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
-    # A foreign value: planned as taken by nobody we know, never overwritten.
+    cluster.sync.instances.stop()  # node-a's view goes stale: it still sees foo1 free
     cluster.api.patch_instance(
         FOO1,
         [
@@ -90,33 +108,34 @@ def test_a_refused_request_rolls_back_the_claims_it_made(cluster):
             {"op": "replace", "path": f"/spec/deviceUsage/{FOO1}-1", "value": "x:z"},
         ],
     )
-    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 1)
 
     answer = allocate(kubelet, RESOURCE, [f"{CONFIG}-0", f"{CONFIG}-1"])
 
     assert isinstance(answer, grpc.RpcError)
     assert "2 unique devices requested, 1 available" in answer.details()
     assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-1": ""}
+    assert cluster.usage(FOO1) == {f"{FOO1}-0": "x:y", f"{FOO1}-1": "x:z"}
+    causes = list(
+        SlotEvent.objects.filter(instance=FOO0).order_by("id").values_list("cause", flat=True)
+    )
+    assert causes == ["allocate", "release"]
 
 
 def test_a_slot_lost_between_plan_and_write_is_planned_again(cluster):
     start(cluster)
     kubelet = cluster["node-a"].kubelet
     kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
-    agent = cluster["node-a"].agent
-    # node-b takes slot 0 of both Instances behind node-a's back: node-a's view is stale.
+    cluster.sync.instances.stop()  # node-a does not hear of node-b's claims
     other = ClaimStore(cluster.api, "agent:node-b")
-    stale = {name: agent.view.instance(name) for name in (FOO0, FOO1)}
     other.claim(FOO0, f"{FOO0}-0", "node-b")
     other.claim(FOO1, f"{FOO1}-0", "node-b")
-    for name, obj in stale.items():
-        agent.view._instances[name] = obj  # as if the watch had not delivered yet
 
     answer = allocate(kubelet, RESOURCE, [f"{CONFIG}-0", f"{CONFIG}-1"])
 
     assert isinstance(answer, dp.AllocateResponse), answer
     assert cluster.usage(FOO0)[f"{FOO0}-0"] == "node-b"
     assert cluster.usage(FOO0)[f"{FOO0}-1"].endswith(":node-a")
+    assert cluster.usage(FOO1)[f"{FOO1}-0"] == "node-b"
     assert cluster.usage(FOO1)[f"{FOO1}-1"].endswith(":node-a")
 
 
@@ -180,25 +199,9 @@ def test_preferred_allocation_names_the_lowest_available_devices(cluster):
     assert state.options.get_preferred_allocation_available
     il = kubelet.resources()[f"akri.sh/{FOO0}"]
     assert not il.options.get_preferred_allocation_available
-    from agent.protos import deviceplugin_pb2_grpc as dp_grpc
-
-    with grpc.insecure_channel("unix://" + state.endpoint) as channel:
-        answer = dp_grpc.DevicePluginStub(channel).GetPreferredAllocation(
-            dp.PreferredAllocationRequest(
-                container_requests=[
-                    dp.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=[f"{CONFIG}-1", f"{CONFIG}-0"], allocation_size=1
-                    )
-                ]
-            ),
-            timeout=5,
-        )
-    with grpc.insecure_channel("unix://" + il.endpoint) as channel, pytest.raises(
-        grpc.RpcError
-    ) as refused:
-        dp_grpc.DevicePluginStub(channel).GetPreferredAllocation(
-            dp.PreferredAllocationRequest(), timeout=5
-        )
+    answer = preferred(state.endpoint, [f"{CONFIG}-1", f"{CONFIG}-0"], 1)
+    refused = preferred(il.endpoint, [f"{FOO0}-0"], 1)
 
     assert list(answer.container_responses[0].deviceIDs) == [f"{CONFIG}-0"]
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.UNIMPLEMENTED

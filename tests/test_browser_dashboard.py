@@ -40,8 +40,6 @@ REDIS_URL = os.environ.get("AKRI_TEST_REDIS_URL", "")
 class BrowserCase(ChannelsLiveServerTestCase):
     """One Chromium for the class; a fresh context (cookies, theme) per test."""
 
-    color_scheme = "light"
-
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -58,9 +56,11 @@ class BrowserCase(ChannelsLiveServerTestCase):
         super().tearDownClass()
 
     def setUp(self):
-        make_cluster(instances=6, capacity=4)
+        make_cluster(instances=10, capacity=4)
         self.context = self.browser.new_context(
-            timezone_id="UTC", color_scheme=self.color_scheme, viewport={"width": 1400, "height": 900}
+            timezone_id="UTC",
+            color_scheme="light",
+            viewport={"width": 1400, "height": 900},
         )
         self.context.set_default_timeout(10_000)
         self.page = self.context.new_page()
@@ -103,7 +103,7 @@ class DashboardInBrowserTests(BrowserCase):
         row = page.get_by_role("row", name=re.compile(INSTANCE))
         expect(row).to_contain_text("node-a")
         expect(row).to_contain_text("apps/work-0 / main")
-        expect(page.locator("td[data-slot]")).to_have_count(24)
+        expect(page.locator("td[data-slot]")).to_have_count(40)
         expect(page.get_by_role("link", name=re.compile("^Release"))).to_have_count(0)
         expect(page.get_by_role("link", name="Admin")).to_have_count(0)
         self.shot("slot-map-viewer")
@@ -111,8 +111,13 @@ class DashboardInBrowserTests(BrowserCase):
         page.get_by_label("State").select_option("foreign")
         page.get_by_role("button", name="Apply").click()
         expect(page).to_have_url(re.compile(r"state=foreign"))
-        expect(page.locator("tr[data-instance]")).to_have_count(0)
+        expect(page.locator("tr[data-instance]")).to_have_count(1)
+        expect(page.locator('td[data-state="foreign"]')).to_contain_text("C:broken")
+        page.get_by_label("Instance name contains").fill("no-such-camera")
+        page.get_by_role("button", name="Apply").click()
         expect(page.get_by_text("No slot matches these filters.")).to_be_visible()
+        page.go_back()  # filters live in the URL: Back restores them
+        expect(page.get_by_label("State")).to_have_value("foreign")
 
     def test_an_operator_is_asked_to_confirm_with_cancel_focused(self):
         self.sign_in_as("operator", staff=True)
@@ -137,8 +142,23 @@ class DashboardInBrowserTests(BrowserCase):
         expect(page.locator("#live-mark")).to_have_text("Live")
         expect(page.get_by_role("heading", name="Alerts")).to_be_visible()
         expect(page.get_by_text("slots hold a value that is not a node")).to_be_visible()
-        expect(page.get_by_role("row", name=re.compile("default/akri-onvif"))).to_contain_text("12")
+        config_row = page.get_by_role("row", name=re.compile(r"^default.akri-onvif "))
+        expect(config_row.get_by_role("cell")).to_have_text(
+            ["10", "4", "40", "20", "19", "1", "0", re.compile("valid")]
+        )
         self.shot("overview-light")
+
+    def test_the_dark_theme_follows_the_system(self):
+        self.page.emulate_media(color_scheme="dark")
+        self.sign_in_as("viewer")
+        self.page.goto(f"{self.live_server_url}/slots/")
+
+        background = self.page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(18, 20, 23)"
+        self.shot("slot-map-dark")
+        self.page.get_by_label("Theme").select_option("light")  # a person's choice wins
+        background = self.page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(251, 251, 252)"
 
     def test_a_user_without_a_role_is_told_so(self):
         user = User.objects.create_user("nobody")
@@ -152,19 +172,6 @@ class DashboardInBrowserTests(BrowserCase):
 
         assert response.status == 403
         expect(self.page.get_by_text("no dashboard role")).to_be_visible()
-
-
-@pytest.mark.browser
-class DarkDashboardInBrowserTests(BrowserCase):
-    color_scheme = "dark"
-
-    def test_the_dark_theme_follows_the_system(self):
-        self.sign_in_as("viewer")
-        self.page.goto(f"{self.live_server_url}/slots/")
-
-        background = self.page.evaluate("getComputedStyle(document.body).backgroundColor")
-        assert background == "rgb(18, 20, 23)"
-        self.shot("slot-map-dark")
 
 
 @pytest.mark.browser

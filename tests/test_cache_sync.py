@@ -14,11 +14,19 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
 
 def configuration_body(name: str, **spec) -> dict:
     base = {
-        "discoveryHandler": {"name": "debugEcho", "discoveryDetails": "descriptions:\n- foo0\n- foo1\n"},
+        "discoveryHandler": {
+            "name": "debugEcho",
+            "discoveryDetails": "descriptions:\n- foo0\n- foo1\n",
+        },
         "capacity": 2,
     }
     base.update(spec)
-    return {"apiVersion": "akri.sh/v0", "kind": "Configuration", "metadata": {"name": name}, "spec": base}
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": name},
+        "spec": base,
+    }
 
 
 @pytest.fixture
@@ -45,20 +53,27 @@ def test_it_lists_then_watches_into_the_cache(api, sync, kube):
     assert Configuration.objects.get(name="cams").capacity == 2
     assert Slot.objects.filter(instance__name="cams-8120fe").count() == 2
 
-    api.patch_instance("cams-8120fe", [{"op": "replace", "path": "/spec/deviceUsage/cams-8120fe-1", "value": "node-b"}])
+    api.patch_instance(
+        "cams-8120fe",
+        [{"op": "replace", "path": "/spec/deviceUsage/cams-8120fe-1", "value": "node-b"}],
+    )
     kube.wait_for(lambda: Slot.objects.get(key="cams-8120fe-1").value == "node-b")
     slot = Slot.objects.get(key="cams-8120fe-1")
     assert (slot.level, slot.holder_node) == ("IL", "node-b")
     assert ("instance", "cams-8120fe") in seen
 
-    api.custom.delete_namespaced_custom_object("akri.sh", "v0", kube.namespace, "instances", "cams-8120fe")
+    api.custom.delete_namespaced_custom_object(
+        "akri.sh", "v0", kube.namespace, "instances", "cams-8120fe"
+    )
     kube.wait_for(lambda: not Instance.objects.filter(name="cams-8120fe").exists())
 
 
 def test_a_malformed_configuration_is_kept_with_a_clear_error(api, sync, kube):
     sync.start()
     sync.wait_synced()
-    api.create_configuration(configuration_body("broken", discoveryHandler={"discoveryDetails": "x"}))
+    api.create_configuration(
+        configuration_body("broken", discoveryHandler={"discoveryDetails": "x"})
+    )
 
     kube.wait_for(lambda: Configuration.objects.filter(name="broken").exists())
     row = Configuration.objects.get(name="broken")
@@ -74,7 +89,10 @@ def test_it_resumes_from_the_stored_resource_version(api, kube):
     relists = first.instances.relists
 
     # While nobody watches, the Instance changes; a new sync resumes and catches up.
-    api.patch_instance("cams-a19705", [{"op": "replace", "path": "/spec/deviceUsage/cams-a19705-0", "value": "node-c"}])
+    api.patch_instance(
+        "cams-a19705",
+        [{"op": "replace", "path": "/spec/deviceUsage/cams-a19705-0", "value": "node-c"}],
+    )
     second = CacheSync(kube.new_client(), kube.namespace, owner="resume", timeout_seconds=5).start()
     try:
         kube.wait_for(lambda: Slot.objects.get(key="cams-a19705-0").value == "node-c")
@@ -88,11 +106,16 @@ def test_it_relists_when_the_version_is_too_old(api, kube):
     if kube.simulator is None:
         pytest.skip("forcing 410 Gone needs the simulator's history knob")
     SyncState.objects.create(owner="gone", kind=f"{kube.namespace}/instances", resource_version="1")
-    Instance.objects.create(namespace=kube.namespace, name="ghost-000000", configuration_name="cams")
+    Instance.objects.create(
+        namespace=kube.namespace, name="ghost-000000", configuration_name="cams"
+    )
     api.create_instance(instance_body("cams-d46b65", 1, configuration="cams"))
     kube.simulator.set_history_limit(1)
     for value in ("a", "b", "c"):
-        api.patch_instance("cams-d46b65", [{"op": "replace", "path": "/spec/deviceUsage/cams-d46b65-0", "value": value}])
+        api.patch_instance(
+            "cams-d46b65",
+            [{"op": "replace", "path": "/spec/deviceUsage/cams-d46b65-0", "value": value}],
+        )
     sync = CacheSync(kube.new_client(), kube.namespace, owner="gone", timeout_seconds=5).start()
     try:
         kube.wait_for(lambda: sync.instances.relists >= 1)
@@ -109,7 +132,10 @@ def test_applying_the_same_state_twice_changes_nothing(api, kube):
     from agent.models import SlotEvent
 
     obj = api.create_instance(instance_body("cams-ab76e6", 2, configuration="cams"))
-    obj = api.patch_instance("cams-ab76e6", [{"op": "replace", "path": "/spec/deviceUsage/cams-ab76e6-0", "value": "node-a"}])
+    obj = api.patch_instance(
+        "cams-ab76e6",
+        [{"op": "replace", "path": "/spec/deviceUsage/cams-ab76e6-0", "value": "node-a"}],
+    )
     cache.apply_instance(obj)
     events = SlotEvent.objects.count()
 

@@ -41,7 +41,12 @@ def test_it_claims_a_free_slot_and_records_it(api, instance):
     slot = Slot.objects.get(key=slot_key(NAME, 0))
     assert (slot.value, slot.level, slot.holder_node) == ("node-a", "IL", "node-a")
     event = SlotEvent.objects.get(slot=slot_key(NAME, 0))
-    assert (event.before, event.after, event.cause, event.actor) == ("", "node-a", "allocate", "agent:node-a")
+    assert (event.before, event.after, event.cause, event.actor) == (
+        "",
+        "node-a",
+        "allocate",
+        "agent:node-a",
+    )
 
 
 def test_claiming_what_is_already_ours_is_success_without_a_write(api, instance):
@@ -67,14 +72,21 @@ def test_a_slot_held_by_another_node_is_slot_taken_and_unchanged(api, instance):
 def test_a_stale_cache_re_reads_and_decides(api, instance, kube):
     # Another writer changes slot 0 behind the cache's back.
     other = AkriApi(kube.new_client(), kube.namespace)
-    other.patch_instance(NAME, [{"op": "replace", "path": f"/spec/deviceUsage/{slot_key(NAME, 0)}", "value": "node-b"}])
+    other.patch_instance(
+        NAME,
+        [{"op": "replace", "path": f"/spec/deviceUsage/{slot_key(NAME, 0)}", "value": "node-b"}],
+    )
     store = ClaimStore(api, "agent:node-a")
 
     with pytest.raises(SlotTaken):
         store.claim(NAME, slot_key(NAME, 0), "node-a")
     assert store.claim(NAME, slot_key(NAME, 1), "node-a") == "claimed"
 
-    assert usage(api) == {slot_key(NAME, 0): "node-b", slot_key(NAME, 1): "node-a", slot_key(NAME, 2): ""}
+    assert usage(api) == {
+        slot_key(NAME, 0): "node-b",
+        slot_key(NAME, 1): "node-a",
+        slot_key(NAME, 2): "",
+    }
 
 
 def test_release_frees_only_the_expected_holder(api, instance):
@@ -88,12 +100,25 @@ def test_release_frees_only_the_expected_holder(api, instance):
     assert store.release(NAME, slot_key(NAME, 2), "node-a") == "released"
     assert usage(api)[slot_key(NAME, 2)] == ""
     assert store.release(NAME, slot_key(NAME, 2), "node-a") == "already free"
-    causes = list(SlotEvent.objects.filter(slot=slot_key(NAME, 2)).order_by("id").values_list("cause", flat=True))
+    causes = list(
+        SlotEvent.objects.filter(slot=slot_key(NAME, 2))
+        .order_by("id")
+        .values_list("cause", flat=True)
+    )
     assert causes == ["allocate", "release"]
 
 
 def test_a_foreign_value_is_never_overwritten(api, instance):
-    api.patch_instance(NAME, [{"op": "replace", "path": f"/spec/deviceUsage/{slot_key(NAME, 0)}", "value": "N:odd:value:x"}])
+    api.patch_instance(
+        NAME,
+        [
+            {
+                "op": "replace",
+                "path": f"/spec/deviceUsage/{slot_key(NAME, 0)}",
+                "value": "N:odd:value:x",
+            }
+        ],
+    )
     store = ClaimStore(api, "agent:node-a")
 
     with pytest.raises(SlotTaken):
@@ -121,7 +146,10 @@ def test_it_claims_on_an_akri_v013_instance_without_free_keys(api):
     assert store.claim("cams-a19705", "cams-a19705-1", "C:cams-0:node-a") == "claimed"
     assert store.claim("cams-a19705", "cams-a19705-0", "node-a") == "claimed"
 
-    assert usage(api, "cams-a19705") == {"cams-a19705-1": "C:cams-0:node-a", "cams-a19705-0": "node-a"}
+    assert usage(api, "cams-a19705") == {
+        "cams-a19705-1": "C:cams-0:node-a",
+        "cams-a19705-0": "node-a",
+    }
 
 
 def test_transient_errors_are_retried(api, instance, kube):
@@ -139,7 +167,9 @@ def test_it_gives_up_after_bounded_retries(api, instance, kube):
     kube.simulator.inject_fault("PATCH", r"/instances/" + NAME, status=503, times=50)
 
     with pytest.raises(ClaimStoreError):
-        ClaimStore(api, "agent:node-a", attempts=3, backoff=0.001).claim(NAME, slot_key(NAME, 0), "node-a")
+        ClaimStore(api, "agent:node-a", attempts=3, backoff=0.001).claim(
+            NAME, slot_key(NAME, 0), "node-a"
+        )
     assert usage(api)[slot_key(NAME, 0)] == ""
     assert not SlotEvent.objects.filter(slot=slot_key(NAME, 0)).exists()
 

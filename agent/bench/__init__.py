@@ -11,8 +11,16 @@ from collections.abc import Callable
 
 # name -> (module, function, what it measures)
 REGISTRY: dict[str, tuple[str, str, str]] = {
-    "claims": ("agent.bench.claims", "bench_claims", "claim+release through the claim store vs a bare conditional write"),
-    "contention": ("agent.bench.claims", "bench_contention", "20 claimers race for an Instance of capacity 3, 200 rounds"),
+    "claims": (
+        "agent.bench.claims",
+        "bench_claims",
+        "claim+release through the claim store vs a bare conditional write",
+    ),
+    "contention": (
+        "agent.bench.claims",
+        "bench_contention",
+        "20 claimers race for an Instance of capacity 3, 200 rounds",
+    ),
 }
 
 

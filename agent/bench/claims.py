@@ -81,7 +81,9 @@ def bench_claims(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     }
 
 
-def run_contention(api_clients: list[Any], namespace: str, rounds: int, capacity: int = 3) -> dict[str, object]:
+def run_contention(
+    api_clients: list[Any], namespace: str, rounds: int, capacity: int = 3
+) -> dict[str, object]:
     """The race: every claimer wants one slot of one Instance each round. Also used by tests."""
     admin = AkriApi(api_clients[0], namespace)
     name = f"contended-{uuid.uuid4().hex[:6]}"
@@ -94,28 +96,38 @@ def run_contention(api_clients: list[Any], namespace: str, rounds: int, capacity
     losers_other = 0
     claims = 0
     elapsed = 0.0
+    # Persistent claimer threads (each keeps its database connection), in lock-step rounds.
+    results: dict[int, str | None] = {}
+    start_round = threading.Barrier(len(stores) + 1)
+    end_round = threading.Barrier(len(stores) + 1)
+
+    def claimer(i: int, store: ClaimStore) -> None:
+        node = f"node-{i}"
+        for _ in range(rounds):
+            start_round.wait()
+            try:
+                for key in keys:
+                    try:
+                        store.claim(name, key, node, current=store.last_seen.get(name))
+                        results[i] = key
+                        break
+                    except SlotTaken:
+                        continue
+                else:
+                    results[i] = None
+            finally:
+                end_round.wait()
+
+    threads = [
+        threading.Thread(target=claimer, args=(i, s), daemon=True) for i, s in enumerate(stores)
+    ]
+    for thread in threads:
+        thread.start()
     for _ in range(rounds):
-        results: dict[int, str | None] = {}
-        barrier = threading.Barrier(len(stores))
-
-        def claimer(i: int, store: ClaimStore) -> None:
-            barrier.wait()
-            node = f"node-{i}"
-            for key in keys:
-                try:
-                    store.claim(name, key, node)
-                    results[i] = key
-                    return
-                except SlotTaken:
-                    continue
-            results[i] = None
-
-        threads = [threading.Thread(target=claimer, args=(i, s)) for i, s in enumerate(stores)]
+        results.clear()
         started = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        start_round.wait()
+        end_round.wait()
         elapsed += time.perf_counter() - started
         winners = {i: key for i, key in results.items() if key}
         claims += len(winners)
@@ -128,11 +140,12 @@ def run_contention(api_clients: list[Any], namespace: str, rounds: int, capacity
         held = [usage[k] for k in keys if usage.get(k)]
         if len(held) != len(set(held)) or len(set(winners.values())) != len(winners):
             double_holders += 1
-        for key in keys:
-            if usage.get(key) and usage[key] != f"node-{[i for i, k in winners.items() if k == key][0]}":
-                double_holders += 1
+        owners = {key: f"node-{i}" for i, key in winners.items()}
+        double_holders += sum(1 for key in keys if usage.get(key) and usage[key] != owners.get(key))
         for i, key in winners.items():
             stores[i].release(name, key, f"node-{i}")
+    for thread in threads:
+        thread.join(timeout=10)
     return {
         "claims_per_s": claims / elapsed if elapsed else 0.0,
         "double_holders": double_holders,

@@ -184,7 +184,9 @@ def _apply_slots(
             slot.pod_namespace = slot.pod_name = slot.pod_uid = slot.container = ""
         slot.save()
         if changed and (before is not None or value):
-            record_change(row, view.key, before or "", value, attributions.get(view.key), rv=rv, at=now)
+            record_change(
+                row, view.key, before or "", value, attributions.get(view.key), rv=rv, at=now
+            )
     gone = [key for key in existing if key not in seen]
     if gone:
         row.slots.filter(key__in=gone).delete()
@@ -225,10 +227,16 @@ def _infer(before: str, after: str) -> Attribution:
     """Attribute a change seen only through a watch, from the values themselves."""
     old, new = parse_usage(before), parse_usage(after)
     if new.kind in (UsageKind.NODE, UsageKind.CONFIG) and old.kind is UsageKind.FREE:
-        return Attribution(SlotEvent.Cause.ALLOCATE, f"agent:{new.node}", node=new.node, detail="seen by watch")
+        return Attribution(
+            SlotEvent.Cause.ALLOCATE, f"agent:{new.node}", node=new.node, detail="seen by watch"
+        )
     if new.kind is UsageKind.FREE and old.kind in (UsageKind.NODE, UsageKind.CONFIG):
-        return Attribution(SlotEvent.Cause.RELEASE, "unknown", node=old.node, detail="seen by watch")
-    return Attribution(SlotEvent.Cause.OBSERVED, "unknown", node=new.node or old.node, detail="seen by watch")
+        return Attribution(
+            SlotEvent.Cause.RELEASE, "unknown", node=old.node, detail="seen by watch"
+        )
+    return Attribution(
+        SlotEvent.Cause.OBSERVED, "unknown", node=new.node or old.node, detail="seen by watch"
+    )
 
 
 def remove_instance(namespace: str, name: str) -> None:

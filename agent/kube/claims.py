@@ -84,6 +84,9 @@ class ClaimStore:
         self.backoff = backoff
         # Called with the API server's answer after the cache took it (agents refresh health).
         self.on_applied = on_applied
+        # The newest Instance this store has read or written, by name: a caller trying one slot
+        # after another can pass it as ``current`` instead of the cache.
+        self.last_seen: dict[str, dict[str, Any]] = {}
 
     # --- public -------------------------------------------------------------------------
     def claim(
@@ -102,15 +105,22 @@ class ClaimStore:
         """Make ``key`` hold ``wanted``. Returns "claimed" or "already ours".
 
         Raises ``SlotTaken`` when another holder has it, ``UnknownSlot``, ``InstanceGone`` or
-        ``ClaimStoreError``. ``current`` is the Instance as the caller last saw it (else the cache).
+        ``ClaimStoreError``. ``current`` is the Instance as the caller last saw it (else the cache);
+        only a decision to write comes from it, anything else is confirmed by a fresh read.
         """
         obj = current or self._cached(instance)
+        fresh = False
         started = time.perf_counter()
         for attempt in range(self.attempts):
             if obj is None:
-                obj = self._read(instance)
+                obj, fresh = self._read(instance), True
+                self.last_seen[instance] = obj
             state = InstanceState.from_object(obj)
             outcome = decide_claim(state, key, wanted)
+            if outcome is not ClaimOutcome.CLAIM and not fresh:
+                # A decision to write nothing must come from the API server, not the cache.
+                obj = None
+                continue
             if outcome is ClaimOutcome.ALREADY_OURS:
                 return "already ours"
             if outcome is ClaimOutcome.NO_SLOT:
@@ -123,7 +133,9 @@ class ClaimStore:
                 obj = None  # conflict: re-read and decide again
                 continue
             metrics.CLAIM_SECONDS.labels("claim").observe(time.perf_counter() - started)
-            attribution = cache.Attribution(cause, self.actor, node=node, pod=pod, detail=detail, run=run)
+            attribution = cache.Attribution(
+                cause, self.actor, node=node, pod=pod, detail=detail, run=run
+            )
             self._applied(answer, {key: attribution})
             return "claimed"
         raise ClaimStoreError(f"claim of {key} gave up after {self.attempts} conflicting attempts")
@@ -147,12 +159,16 @@ class ClaimStore:
         ``ClaimStoreError``.
         """
         obj = current or self._cached(instance)
+        fresh = False
         started = time.perf_counter()
         for attempt in range(self.attempts):
             if obj is None:
-                obj = self._read(instance)
+                obj, fresh = self._read(instance), True
             state = InstanceState.from_object(obj)
             outcome = decide_release(state, key, expected)
+            if outcome is not ReleaseOutcome.RELEASE and not fresh:
+                obj = None
+                continue
             if outcome in (ReleaseOutcome.ALREADY_FREE, ReleaseOutcome.NO_SLOT):
                 return "already free"
             if outcome is ReleaseOutcome.CHANGED:
@@ -163,16 +179,28 @@ class ClaimStore:
                 obj = None
                 continue
             metrics.CLAIM_SECONDS.labels("release").observe(time.perf_counter() - started)
-            attribution = cache.Attribution(cause, self.actor, node=node, pod=pod, detail=detail, run=run)
+            attribution = cache.Attribution(
+                cause, self.actor, node=node, pod=pod, detail=detail, run=run
+            )
             self._applied(answer, {key: attribution})
             return "released"
-        raise ClaimStoreError(f"release of {key} gave up after {self.attempts} conflicting attempts")
+        raise ClaimStoreError(
+            f"release of {key} gave up after {self.attempts} conflicting attempts"
+        )
 
     # --- steps ----------------------------------------------------------------------------
     def _cached(self, instance: str) -> dict[str, Any] | None:
         row = (
             Instance.objects.filter(namespace=self.api.namespace, name=instance)
-            .values("name", "resource_version", "configuration_name", "capacity", "device_usage", "nodes", "shared")
+            .values(
+                "name",
+                "resource_version",
+                "configuration_name",
+                "capacity",
+                "device_usage",
+                "nodes",
+                "shared",
+            )
             .first()
         )
         if row is None or not row["resource_version"]:
@@ -197,14 +225,18 @@ class ClaimStore:
                 if code == 404:
                     raise InstanceGone(f"Instance {instance} not found") from None
                 if code not in _TRANSIENT or attempt == self.attempts - 1:
-                    raise ClaimStoreError(f"reading Instance {instance}: {code} {message}") from None
+                    raise ClaimStoreError(
+                        f"reading Instance {instance}: {code} {message}"
+                    ) from None
             except HTTPError as exc:
                 if attempt == self.attempts - 1:
                     raise ClaimStoreError(f"reading Instance {instance}: {exc}") from None
             self._sleep(attempt)
         raise ClaimStoreError(f"reading Instance {instance} failed")  # pragma: no cover
 
-    def _write(self, instance: str, ops: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+    def _write(
+        self, instance: str, ops: list[dict[str, Any]], attempt: int
+    ) -> dict[str, Any] | None:
         """The API server's answer, or None on a conflict (re-read and decide)."""
         while True:
             try:
@@ -216,7 +248,9 @@ class ClaimStore:
                 if code == 404:
                     raise InstanceGone(f"Instance {instance} not found") from None
                 if code not in _TRANSIENT or attempt >= self.attempts - 1:
-                    raise ClaimStoreError(f"writing Instance {instance}: {code} {message}") from None
+                    raise ClaimStoreError(
+                        f"writing Instance {instance}: {code} {message}"
+                    ) from None
             except HTTPError as exc:
                 if attempt >= self.attempts - 1:
                     raise ClaimStoreError(f"writing Instance {instance}: {exc}") from None
@@ -228,10 +262,13 @@ class ClaimStore:
         time.sleep(random.uniform(0, self.backoff * (2**attempt)))
 
     def _applied(self, answer: dict[str, Any], attributions: dict[str, cache.Attribution]) -> None:
+        self.last_seen[answer["metadata"]["name"]] = answer
         try:
             cache.apply_instance(answer, attributions, direct=True)
         except Exception:  # the API write stands; the watch will bring the cache along
-            log.exception("cache update after a successful write to %s failed", answer["metadata"]["name"])
+            log.exception(
+                "cache update after a successful write to %s failed", answer["metadata"]["name"]
+            )
         if self.on_applied is not None:
             self.on_applied(answer)
 
@@ -248,7 +285,14 @@ def _api_for(namespace: str) -> AkriApi:
 
 
 def manual_release(
-    namespace: str, instance: str, key: str, expected: str, *, user: Any, reason: str, api: AkriApi | None = None
+    namespace: str,
+    instance: str,
+    key: str,
+    expected: str,
+    *,
+    user: Any,
+    reason: str,
+    api: AkriApi | None = None,
 ) -> str:
     """A person's release of one slot from the admin: conditional, and audited whatever happens."""
     username = getattr(user, "get_username", lambda: str(user))()

@@ -81,7 +81,9 @@ class AkriApi:
     def delete_instance(self, name: str, *, resource_version: str | None = None) -> None:
         body = None
         if resource_version:
-            body = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=resource_version))
+            body = client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(resource_version=resource_version)
+            )
         self.custom.delete_namespaced_custom_object(
             GROUP, VERSION, self.namespace, INSTANCES, name, body=body
         )

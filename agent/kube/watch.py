@@ -12,6 +12,7 @@ namespace should write the cache; agents in one process share it (``shared_sync`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -81,16 +82,29 @@ class ResourceWatcher:
                 failures = 0
             except ApiException as exc:
                 if exc.status == 410:
-                    log.info("%s/%s: resourceVersion %s expired; relisting", self.owner, self.kind, self.resource_version)
+                    log.info(
+                        "%s/%s: resourceVersion %s expired; relisting",
+                        self.owner,
+                        self.kind,
+                        self.resource_version,
+                    )
                     self.resource_version = ""
                     continue
                 failures += 1
-                log.warning("%s/%s watch failed (%s %s); retrying", self.owner, self.kind, exc.status, exc.reason)
+                log.warning(
+                    "%s/%s watch failed (%s %s); retrying",
+                    self.owner,
+                    self.kind,
+                    exc.status,
+                    exc.reason,
+                )
             except (HTTPError, OSError, ValueError) as exc:
                 if self._stopping.is_set():
                     break
                 failures += 1
-                log.warning("%s/%s watch connection failed (%s); retrying", self.owner, self.kind, exc)
+                log.warning(
+                    "%s/%s watch connection failed (%s); retrying", self.owner, self.kind, exc
+                )
             except Exception:
                 if self._stopping.is_set():
                     break
@@ -107,11 +121,10 @@ class ResourceWatcher:
             current.stop()
             resp = getattr(current, "_resp", None)
             if resp is not None:
-                # Unblock the read in the watcher thread now rather than at the next event.
-                try:
+                # Unblock the read in the watcher thread now rather than at the next event;
+                # best effort on a socket that may already be torn down.
+                with contextlib.suppress(Exception):
                     resp.shutdown()
-                except Exception:  # noqa: BLE001 - best effort on a socket being torn down
-                    pass
 
     # --- steps ----------------------------------------------------------------------------
     def relist(self) -> None:
@@ -158,8 +171,13 @@ class ResourceWatcher:
     def _store_rv(self, relisted: bool = False) -> None:
         if not self.persist:
             return
-        defaults: dict[str, Any] = {"resource_version": self.resource_version, "synced_at": timezone.now()}
-        row, created = SyncState.objects.update_or_create(owner=self.owner, kind=self.kind, defaults=defaults)
+        defaults: dict[str, Any] = {
+            "resource_version": self.resource_version,
+            "synced_at": timezone.now(),
+        }
+        row, created = SyncState.objects.update_or_create(
+            owner=self.owner, kind=self.kind, defaults=defaults
+        )
         if relisted:
             SyncState.objects.filter(pk=row.pk).update(relists=row.relists + 1)
 
@@ -174,7 +192,14 @@ class CacheSync:
     ``obj`` is None when the object was deleted. ``kind`` is "configuration" or "instance".
     """
 
-    def __init__(self, api_client: client.ApiClient, namespace: str, owner: str, *, timeout_seconds: int = 300) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        owner: str,
+        *,
+        timeout_seconds: int = 300,
+    ) -> None:
         self.api_client = api_client
         self.namespace = namespace
         self.owner = owner

@@ -174,8 +174,12 @@ class NodeAgent:
         self._worker.start()
         if self._own_sync:
             self.sync.start()
-        if self._reconciler_factory is not None:
-            self.reconciler = self._reconciler_factory(self)
+        factory = self._reconciler_factory
+        if factory is None and self.pod_resources_socket:
+            # Slot reconciliation needs the kubelet's PodResources: on by default with it.
+            from agent.node.reconcile import reconciler_for as factory
+        if factory is not None:
+            self.reconciler = factory(self)
             self.reconciler.start()
         self.started = True
         self._mark_all()

@@ -95,9 +95,13 @@ class ConfigurationPlugin(DevicePlugin):
             return self._answer(request, plans)
 
     def _allocate_container(self, vdevs: list[str], made: list[Claim]) -> list[Claim]:
-        self._check_ids(vdevs)
-        for _ in range(PLAN_ATTEMPTS):
+        if not vdevs:
+            raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no device ids requested")
+        for attempt in range(PLAN_ATTEMPTS):
             plan = self._plan(vdevs)
+            if attempt == 0:
+                # After planning: asking for more devices than there are says so first.
+                self._check_advertised(vdevs)
             if self._claim_all(plan, made):
                 return plan
             log.info("%s: a planned slot was taken meanwhile; planning again", self.resource_name)
@@ -106,9 +110,7 @@ class ConfigurationPlugin(DevicePlugin):
             f"Unable to claim slots for {self.resource_name}: other nodes kept taking them",
         )
 
-    def _check_ids(self, vdevs: list[str]) -> None:
-        if not vdevs:
-            raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no device ids requested")
+    def _check_advertised(self, vdevs: list[str]) -> None:
         advertised = {device_id for device_id, _ in self.devices()}
         for vdev in vdevs:
             if vdev not in advertised:

@@ -68,7 +68,7 @@ from agent.kube.claims import (
     UnknownSlot,
 )
 from agent.kube.client import AkriApi
-from agent.kube.watch import ResourceWatcher
+from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Instance, ReconcileRun, Slot, SlotEvent, SlotPodBinding
 from agent.node.podresources import (
     RESOURCE_PREFIX,
@@ -386,12 +386,15 @@ class NodeReconciler:
         workers: int = 4,
         watch_pods: bool = True,
         read_pods: bool = True,
+        sync: CacheSync | None = None,
     ) -> None:
         """``pod_resources`` has ``list() -> list[DeviceUse]`` (a ``PodResourcesClient``).
         ``claims`` defaults to a claim store on ``api_client``. ``workers=0`` runs every
         handler inline (deterministic tests). ``watch_pods`` starts a pod watch in ``start``;
         without it, feed ``on_pod_event``/``on_pod_relist`` yourself. ``read_pods`` lets the
-        reconciler GET a pod the watch has not shown (else the index is taken as complete)."""
+        reconciler GET a pod the watch has not shown (else the index is taken as complete).
+        With ``sync``, Instance changes that take a live pod's slot away trigger a targeted
+        pass at once instead of at the next sweep."""
         conf = settings.AKRI
         self.node = node
         self.namespace = namespace
@@ -430,6 +433,7 @@ class NodeReconciler:
         self._learn_due: float | None = None
         self._threads: list[threading.Thread] = []
         self._watcher: ResourceWatcher | None = None
+        self.sync = sync
         self.sweeps = 0
         self._load_bindings()
 
@@ -452,6 +456,8 @@ class NodeReconciler:
             )
             self._spawn(self._watcher.run, "pods")
             self._watcher.synced.wait(startup_timeout)
+        if self.sync is not None:
+            self.sync.subscribe(self.on_instance_changed)
         self._spawn(self._loop, "loop")
         return self
 
@@ -461,6 +467,8 @@ class NodeReconciler:
             return
         self._stopping.set()
         self._wake.set()
+        if self.sync is not None:
+            self.sync.unsubscribe(self.on_instance_changed)
         if self._watcher is not None:
             self._watcher.stop()
         for thread in self._threads:
@@ -1167,5 +1175,15 @@ class NodeReconciler:
 _UNREADABLE = object()
 
 
-def default_pod_resources() -> PodResourcesClient:
-    return PodResourcesClient(settings.AKRI["POD_RESOURCES_SOCKET"])
+def reconciler_for(agent: Any) -> NodeReconciler:
+    """The ``reconciler_factory`` of ``NodeAgent``: releases go through the agent's claim
+    store, so its plugins re-send their device lists the moment a slot frees."""
+    socket = agent.pod_resources_socket or settings.AKRI["POD_RESOURCES_SOCKET"]
+    return NodeReconciler(
+        node=agent.node_name,
+        namespace=agent.namespace,
+        pod_resources=PodResourcesClient(socket),
+        claims=agent.claims,
+        api_client=agent.api_client,
+        sync=agent.sync,
+    )

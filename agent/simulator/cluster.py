@@ -91,19 +91,25 @@ class SimulatedCluster:
         self.api_client = new_api_client(self.kubeconfig)
         self.akri = AkriApi(self.api_client, self.namespace)
         self.core = client.CoreV1Api(self.api_client)
-        self.sync = CacheSync(new_api_client(self.kubeconfig), self.namespace, owner="cluster").start()
+        self.sync = CacheSync(
+            new_api_client(self.kubeconfig), self.namespace, owner="cluster"
+        ).start()
         self.sync.wait_synced()
         if self.with_controller:
             from agent.controller import Controller
 
-            self.controller = Controller(new_api_client(self.kubeconfig), self.namespace, sync=self.sync).start()
+            self.controller = Controller(
+                new_api_client(self.kubeconfig), self.namespace, sync=self.sync
+            ).start()
         for i in range(self.nodes):
             name = f"node-{'abcdefghij'[i]}"
             self.core.create_node(node_body(name))
             directory = os.path.join(self.root, name[-1])
             plugin_dir = os.path.join(directory, "dp")
             os.makedirs(plugin_dir)
-            kubelet = KubeletSimulator(plugin_dir, os.path.join(directory, "pr", "kubelet.sock"), node_name=name)
+            kubelet = KubeletSimulator(
+                plugin_dir, os.path.join(directory, "pr", "kubelet.sock"), node_name=name
+            )
             kubelet.start()
             agent = NodeAgent(
                 node_name=name,
@@ -136,7 +142,9 @@ class SimulatedCluster:
         return next(n for n in self.sim_nodes if n.name == name)
 
     # --- pods ---------------------------------------------------------------------------
-    def run_pod(self, name: str, node: str, requests: dict[str, int], namespace: str | None = None) -> bool:
+    def run_pod(
+        self, name: str, node: str, requests: dict[str, int], namespace: str | None = None
+    ) -> bool:
         """Create a pod bound to ``node`` and have its kubelet admit it; True when admitted."""
         namespace = namespace or self.namespace
         sim = self.node(node)
@@ -149,11 +157,19 @@ class SimulatedCluster:
                 "metadata": {"name": name, "labels": {"app": "akri-workload"}},
                 "spec": {
                     "nodeName": node,
-                    "containers": [{"name": "main", "image": "busybox", "resources": {"requests": limits, "limits": limits}}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "busybox",
+                            "resources": {"requests": limits, "limits": limits},
+                        }
+                    ],
                 },
             },
         )
-        result = sim.kubelet.admit_pod(namespace, name, [{"name": "main", "requests": requests}], uid=pod.metadata.uid)
+        result = sim.kubelet.admit_pod(
+            namespace, name, [{"name": "main", "requests": requests}], uid=pod.metadata.uid
+        )
         phase = "Running" if result.admitted else "Failed"
         status: dict[str, Any] = {"phase": phase}
         if not result.admitted:
@@ -175,8 +191,14 @@ class SimulatedCluster:
 class WorkloadGenerator:
     """Starts and ends pods at a steady pace so the dashboard has something to show."""
 
-    def __init__(self, cluster: SimulatedCluster, *, interval: float = 1.5, lifetime: tuple[float, float] = (6, 20),
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        cluster: SimulatedCluster,
+        *,
+        interval: float = 1.5,
+        lifetime: tuple[float, float] = (6, 20),
+        seed: int | None = None,
+    ) -> None:
         self.cluster = cluster
         self.interval = interval
         self.lifetime = lifetime

@@ -84,8 +84,8 @@ def slot_cell(slot: Mapping[str, Any], matched: bool, can_release: bool) -> str:
         out.append(f'<br><time datetime="{since}" data-ago>{since[:10]} {since[11:19]} UTC</time>')
     if can_release and state != "free":
         out.append(
-            f'<br><a class="button small" href="{p["release_url"]}{slot["id"]}/release/">'
-            f'Release<span class="visually-hidden"> {key}</span>…</a>'
+            f'<br><a class="button small" href="{p["release_url"]}{slot["id"]}/release/" '
+            f'aria-label="Release {key}…">Release…</a>'
         )
     out.append("</td>")
     return "".join(out)

@@ -19,10 +19,12 @@ raises into the writer: a dashboard that cannot be told must not stop reconcilia
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -86,6 +88,19 @@ def send_now(
     if layer is None:
         return 0
     try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _send(layer, instances, removed, runs)
+    # An event loop runs in this thread (async code, or Playwright's sync API in a test):
+    # async_to_sync cannot run here, so read and send from a short-lived worker thread.
+    with ThreadPoolExecutor(1, thread_name_prefix="live-send") as pool:
+        return pool.submit(_send_closing, layer, instances, removed, runs).result()
+
+
+def _send(
+    layer: Any, instances: Iterable[InstanceRef], removed: Iterable[str], runs: Iterable[int]
+) -> int:
+    try:
         messages = build_messages(instances, removed, runs)
         for message in messages:
             async_to_sync(layer.group_send)(LIVE_GROUP, message)
@@ -93,6 +108,13 @@ def send_now(
         log.exception("live: could not publish a delta")
         return 0
     return len(messages)
+
+
+def _send_closing(*args: Any) -> int:
+    try:
+        return _send(*args)
+    finally:
+        connection.close()  # the worker thread's own connection
 
 
 def publish(

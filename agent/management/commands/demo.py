@@ -17,7 +17,9 @@ from django.core.management.base import BaseCommand
 from agent.simulator.cluster import SimulatedCluster, WorkloadGenerator, debug_echo_configuration
 
 
-def ensure_user(username: str, password: str, *, group: str | None = None, superuser: bool = False) -> None:
+def ensure_user(
+    username: str, password: str, *, group: str | None = None, superuser: bool = False
+) -> None:
     user, _ = User.objects.get_or_create(username=username)
     user.set_password(password)
     user.is_staff = True
@@ -28,14 +30,18 @@ def ensure_user(username: str, password: str, *, group: str | None = None, super
 
 
 class Command(BaseCommand):
-    help = "Run a simulated cluster with agents, controller, workload and the dashboard in one process"
+    help = (
+        "Run a simulated cluster with agents, controller, workload and the dashboard in one process"
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--nodes", type=int, default=3)
         parser.add_argument("--pace", type=float, default=1.5, help="seconds between new pods")
-        parser.add_argument("--password", default=None, help="password of the demo users (default: random)")
+        parser.add_argument(
+            "--password", default=None, help="password of the demo users (default: random)"
+        )
 
     def handle(self, *args, **options):
         password = options["password"] or secrets.token_urlsafe(9)
@@ -46,8 +52,12 @@ class Command(BaseCommand):
         cluster = SimulatedCluster(
             nodes=options["nodes"],
             configurations=[
-                debug_echo_configuration("akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True),
-                debug_echo_configuration("akri-debug-echo-bar", ["bar0", "bar1", "bar2"], capacity=2, unique=False),
+                debug_echo_configuration(
+                    "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
+                ),
+                debug_echo_configuration(
+                    "akri-debug-echo-bar", ["bar0", "bar1", "bar2"], capacity=2, unique=False
+                ),
             ],
         ).start()
         # The web process writes manual releases to the same (simulated) API server.

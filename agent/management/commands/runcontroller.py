@@ -14,7 +14,9 @@ class Command(BaseCommand):
     help = "Watch Configurations, Instances, Pods and Nodes into the cache and publish live deltas"
 
     def add_arguments(self, parser):
-        parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: KUBECONFIG or in-cluster)")
+        parser.add_argument(
+            "--kubeconfig", default=None, help="kubeconfig (default: KUBECONFIG or in-cluster)"
+        )
         parser.add_argument("--namespace", default=None, help="namespace of Akri's objects")
 
     def handle(self, *args, **options):
