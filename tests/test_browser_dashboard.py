@@ -141,7 +141,7 @@ class DashboardInBrowserTests(BrowserCase):
 
         expect(page.locator("#live-mark")).to_have_text("Live")
         expect(page.get_by_role("heading", name="Alerts")).to_be_visible()
-        expect(page.get_by_text("slots hold a value that is not a node")).to_be_visible()
+        expect(page.get_by_text("slot holds a value that is not a node")).to_be_visible()
         config_row = page.get_by_role("row", name=re.compile(r"^default.akri-onvif "))
         expect(config_row.get_by_role("cell")).to_have_text(
             ["10", "4", "40", "20", "19", "1", "0", re.compile("valid")]

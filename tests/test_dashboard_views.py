@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from datetime import timedelta
@@ -261,7 +262,7 @@ def test_overview_shows_counts_last_run_and_alerts(login, cluster, run):
     assert "5 s ago" in page or "6 s ago" in page  # last reconciliation
     assert "Configuration default/broken cannot be used" in page
     assert "Stale data: agent-node-b / Pod" in page
-    assert "1 slots hold a value that is not a node" in page
+    assert "1 slot holds a value that is not a node" in page
 
 
 def test_overview_says_when_the_cache_never_synced(login):
@@ -605,3 +606,16 @@ def test_metrics_need_no_login_and_count_slots_from_the_cache(client, cluster):
     assert 'akri_slots_held{configuration="akri-onvif",level="CL"} 10.0' in text
     assert "akri_websocket_clients " in text
     assert 'akri_cache_sync_age_seconds{kind="Instance",owner="controller"}' in text
+
+
+def test_grantrole_gives_exactly_one_role_and_staff_for_operators():
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("grantrole", "olga", "viewer", "--create", stdout=out)
+    call_command("grantrole", "olga", "operator", stdout=out)
+
+    assert out.getvalue().splitlines()[-1] == "olga: role operator, staff=yes"
+    olga = User.objects.get(username="olga")
+    assert list(olga.groups.values_list("name", flat=True)) == ["operator"]
+    assert olga.is_staff and olga.has_perm("agent.release_slot")

@@ -21,6 +21,21 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_contention",
         "20 claimers race for an Instance of capacity 3, 200 rounds",
     ),
+    "allocate": (
+        "agent.bench.agent",
+        "bench_allocate",
+        "the Allocate RPC over gRPC (claim included) vs a bare conditional write",
+    ),
+    "health-propagation": (
+        "agent.bench.agent",
+        "bench_health_propagation",
+        "deviceUsage change in the API server -> new list at another node's kubelet",
+    ),
+    "agent-memory": (
+        "agent.bench.agent",
+        "bench_agent_memory",
+        "RSS of manage.py runagent serving 100 Instances",
+    ),
 }
 
 

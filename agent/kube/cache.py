@@ -83,7 +83,7 @@ def remove_configuration(namespace: str, name: str) -> None:
 
 # How long our own write may wait for its watch echo before the watch is trusted again
 # (the echo can be lost to a relist; the relist itself then carries the newer state).
-PENDING_ECHO_SECONDS = 30.0
+PENDING_ECHO_SECONDS = 5.0
 
 
 def apply_instance(
@@ -173,16 +173,20 @@ def _apply_slots(
         else:
             before = slot.value
         changed = before != value
-        slot.index = view.index
-        slot.surplus = view.surplus
-        slot.level = _LEVEL[view.usage.kind]
-        slot.holder_node = view.usage.node
-        slot.vdev = view.usage.vdev
+        fields = {
+            "index": view.index,
+            "surplus": view.surplus,
+            "level": _LEVEL[view.usage.kind],
+            "holder_node": view.usage.node,
+            "vdev": view.usage.vdev,
+        }
         if changed:
-            slot.value = value
-            slot.since = now if value else None
-            slot.pod_namespace = slot.pod_name = slot.pod_uid = slot.container = ""
-        slot.save()
+            fields.update(value=value, since=now if value else None)
+            fields.update(pod_namespace="", pod_name="", pod_uid="", container="")
+        if slot.pk is None or any(getattr(slot, k) != v for k, v in fields.items()):
+            for k, v in fields.items():
+                setattr(slot, k, v)
+            slot.save()
         if changed and (before is not None or value):
             record_change(
                 row, view.key, before or "", value, attributions.get(view.key), rv=rv, at=now

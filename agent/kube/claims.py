@@ -77,6 +77,7 @@ class ClaimStore:
         attempts: int = 6,
         backoff: float = 0.02,
         on_applied: Callable[[dict[str, Any]], None] | None = None,
+        sync: Any = None,
     ) -> None:
         self.api = api
         self.actor = actor
@@ -84,6 +85,9 @@ class ClaimStore:
         self.backoff = backoff
         # Called with the API server's answer after the cache took it (agents refresh health).
         self.on_applied = on_applied
+        # With the process's CacheSync the cache write happens behind the claim, in order
+        # with the watch; without one (the web process, tests) it happens before returning.
+        self.sync = sync
         # The newest Instance this store has read or written, by name: a caller trying one slot
         # after another can pass it as ``current`` instead of the cache.
         self.last_seen: dict[str, dict[str, Any]] = {}
@@ -108,7 +112,7 @@ class ClaimStore:
         ``ClaimStoreError``. ``current`` is the Instance as the caller last saw it (else the cache);
         only a decision to write comes from it, anything else is confirmed by a fresh read.
         """
-        obj = current or self._cached(instance)
+        obj = current or self.last_seen.get(instance) or self._cached(instance)
         fresh = False
         started = time.perf_counter()
         for attempt in range(self.attempts):
@@ -158,7 +162,7 @@ class ClaimStore:
         Raises ``SlotChanged`` when it holds something else, ``InstanceGone`` or
         ``ClaimStoreError``.
         """
-        obj = current or self._cached(instance)
+        obj = current or self.last_seen.get(instance) or self._cached(instance)
         fresh = False
         started = time.perf_counter()
         for attempt in range(self.attempts):
@@ -263,14 +267,22 @@ class ClaimStore:
 
     def _applied(self, answer: dict[str, Any], attributions: dict[str, cache.Attribution]) -> None:
         self.last_seen[answer["metadata"]["name"]] = answer
+        if self.sync is not None:
+            self.sync.submit_direct(answer, attributions)
+        else:
+            self._apply_now(answer, attributions)
+        if self.on_applied is not None:
+            self.on_applied(answer)
+
+    def _apply_now(
+        self, answer: dict[str, Any], attributions: dict[str, cache.Attribution]
+    ) -> None:
         try:
             cache.apply_instance(answer, attributions, direct=True)
         except Exception:  # the API write stands; the watch will bring the cache along
             log.exception(
                 "cache update after a successful write to %s failed", answer["metadata"]["name"]
             )
-        if self.on_applied is not None:
-            self.on_applied(answer)
 
 
 _web_client_lock = threading.Lock()

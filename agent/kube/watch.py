@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import random
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +35,7 @@ from agent.models import SyncState
 log = logging.getLogger(__name__)
 
 ListFunc = Callable[..., Any]
+STORE_RV_EVERY = 1.0  # seconds between writes of a watcher's resourceVersion
 Event = tuple[str, dict[str, Any]]
 
 
@@ -68,6 +72,7 @@ class ResourceWatcher:
         self.relists = 0
         self._stopping = threading.Event()
         self._watch: watch.Watch | None = None
+        self._stored_at = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------
     def run(self) -> None:
@@ -160,17 +165,26 @@ class ResourceWatcher:
                     self.on_event(kind, obj)
                 if rv:
                     self.resource_version = rv
-                    self._store_rv()
+                    self._store_rv_throttled()
         finally:
             self._watch = None
+            self._store_rv()
+
+    def _store_rv_throttled(self) -> None:
+        # One row write per event would slow the stream down; resuming from a version a
+        # second old only replays a few events, and handlers are idempotent.
+        now = time.monotonic()
+        if now - self._stored_at >= STORE_RV_EVERY:
+            self._store_rv()
 
     def _stored_rv(self) -> str:
         row = SyncState.objects.filter(owner=self.owner, kind=self.kind).first()
         return row.resource_version if row else ""
 
     def _store_rv(self, relisted: bool = False) -> None:
-        if not self.persist:
+        if not self.persist or not self.resource_version:
             return
+        self._stored_at = time.monotonic()
         defaults: dict[str, Any] = {
             "resource_version": self.resource_version,
             "synced_at": timezone.now(),
@@ -189,7 +203,14 @@ class CacheSync:
     """Configurations and Instances of one namespace, watched into the cache.
 
     Subscribers are called as ``fn(kind, name, obj)`` after the cache applied a change;
-    ``obj`` is None when the object was deleted. ``kind`` is "configuration" or "instance".
+    ``obj`` is None when the object was deleted, and ``name`` is "" after a relist (re-read
+    everything). ``kind`` is "configuration" or "instance".
+
+    Instance events and the answers to our own writes (``submit_direct``) go through one
+    queue and one applier thread, in order. That is what makes the cache exact: a direct
+    answer the watch has already passed is dropped, and watch events older than a direct
+    answer are skipped until its echo (see ``cache.apply_instance``). It also keeps the
+    cache write off the claim's path: a claim returns once the API server said yes.
     """
 
     def __init__(
@@ -206,6 +227,9 @@ class CacheSync:
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._queue: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
+        # resourceVersions the watch delivered lately, per Instance (bounded).
+        self._watched: dict[str, deque[str]] = {}
         custom = client.CustomObjectsApi(api_client)
         self.configurations = ResourceWatcher(
             owner=owner,
@@ -222,8 +246,8 @@ class CacheSync:
             kind=f"{namespace}/instances",
             list_func=custom.list_namespaced_custom_object,
             list_args=(GROUP, VERSION, namespace, INSTANCES),
-            on_event=self._instance_event,
-            on_relist=self._instance_relist,
+            on_event=lambda kind, obj: self._queue.put(("event", kind, obj)),
+            on_relist=lambda items: self._queue.put(("relist", items, None)),
             api_client=api_client,
             timeout_seconds=timeout_seconds,
         )
@@ -238,6 +262,9 @@ class CacheSync:
                 self._subscribers.remove(fn)
 
     def start(self) -> CacheSync:
+        applier = threading.Thread(target=self._apply_loop, name="sync-apply", daemon=True)
+        applier.start()
+        self._threads.append(applier)
         for watcher in (self.configurations, self.instances):
             thread = threading.Thread(target=watcher.run, name=f"sync-{watcher.kind}", daemon=True)
             thread.start()
@@ -245,17 +272,63 @@ class CacheSync:
         return self
 
     def wait_synced(self, timeout: float = 10.0) -> bool:
-        return self.configurations.synced.wait(timeout) and self.instances.synced.wait(timeout)
+        synced = self.configurations.synced.wait(timeout) and self.instances.synced.wait(timeout)
+        return synced and self.drain(timeout)
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far is in the cache."""
+        done = threading.Event()
+        self._queue.put(("mark", done, None))
+        return done.wait(timeout)
 
     def stop(self) -> None:
         self.configurations.stop()
         self.instances.stop()
+        self._queue.put(None)
         for thread in self._threads:
             thread.join(timeout=5)
 
     def applied_directly(self, obj: dict[str, Any]) -> None:
-        """Our own write's answer, already in the cache: tell subscribers now."""
+        """Tell subscribers now about an object whose cache rows the caller wrote itself."""
         self._notify("instance", obj["metadata"]["name"], obj)
+
+    def submit_direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
+        """Our own write's answer: into the cache in order with the watch, off the caller's path."""
+        self._queue.put(("direct", obj, attributions))
+
+    # --- the applier ----------------------------------------------------------------------
+    def _apply_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            what, first, second = item
+            try:
+                if what == "event":
+                    self._instance_event(first, second)
+                elif what == "relist":
+                    self._instance_relist(first)
+                elif what == "direct":
+                    self._direct(first, second)
+                else:
+                    first.set()
+            except Exception:
+                log.exception("%s: applying %s to the cache failed", self.owner, what)
+        close_old_connections()
+
+    def _remember(self, name: str, rv: str) -> None:
+        seen = self._watched.get(name)
+        if seen is None:
+            seen = self._watched[name] = deque(maxlen=64)
+        seen.append(rv)
+
+    def _direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        rv = obj["metadata"].get("resourceVersion", "")
+        if rv in self._watched.get(name, ()):
+            return  # the watch already brought this version (or a newer one) in
+        cache.apply_instance(obj, attributions, direct=True)
+        self._notify("instance", name, obj)
 
     # --- handlers ---------------------------------------------------------------------------
     def _configuration_event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -271,25 +344,25 @@ class CacheSync:
         cache.replace_all_configurations(self.namespace, items)
         for obj in items:
             self._notify("configuration", obj["metadata"]["name"], obj)
-        self._notify("configuration", "", None)  # "" = relisted: subscribers re-read all
+        self._notify("configuration", "", None)
 
     def _instance_event(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
+        self._remember(name, obj["metadata"].get("resourceVersion", ""))
         if kind == "DELETED":
             cache.remove_instance(self.namespace, name)
+            self._watched.pop(name, None)
             self._notify("instance", name, None)
             return
-        row, applied = cache.apply_instance(obj)
-        # The echo of a write applied ahead of the watch changes no row, but subscribers
-        # learn of it here when the writer did not tell them (another agent's or the admin's
-        # claim store sharing this database).
-        echo = row.resource_version == (obj.get("metadata") or {}).get("resourceVersion")
-        if applied or echo:
+        _, applied = cache.apply_instance(obj)
+        if applied:
             self._notify("instance", name, obj)
 
     def _instance_relist(self, items: list[dict[str, Any]]) -> None:
         cache.replace_all_instances(self.namespace, items)
+        self._watched.clear()
         for obj in items:
+            self._remember(obj["metadata"]["name"], obj["metadata"].get("resourceVersion", ""))
             self._notify("instance", obj["metadata"]["name"], obj)
         self._notify("instance", "", None)
 

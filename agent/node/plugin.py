@@ -41,6 +41,7 @@ KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT = 15.0  # the kubelet's own dial back to us may take up to 10 s
 REGISTER_RETRY_MAX = 2.0
 STOP_GRACE = 0.5
+REGISTER_FINISH_WAIT = 1.0
 # The kubelet (grpc-go) accepts the %-encoded socket path C-core sends as :authority; stricter
 # servers do not, and the kubelet itself dials plugins with "localhost".
 CHANNEL_OPTIONS = [("grpc.default_authority", "localhost")]
@@ -93,6 +94,7 @@ class DevicePlugin:
         self._lifecycle = asyncio.Lock()
         self._changed = asyncio.Event()
         self._stopping = False
+        self._in_register = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.resource_name} {self.socket_path or '(not serving)'}>"
@@ -142,7 +144,7 @@ class DevicePlugin:
         self._stopping = True
         self._wake()
         async with self._lifecycle:
-            await self._cancel_registration()
+            await self._finish_registration()
             await self._close_server()
         log.info("%s: plugin stopped", self.resource_name)
 
@@ -189,15 +191,28 @@ class DevicePlugin:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def _finish_registration(self) -> None:
+        """Let a Register under way complete (briefly): the kubelet is dialling us back inside
+        it, and closing the socket now would leave it waiting out its dial timeout."""
+        task = self._register_task
+        if task is not None and not task.done() and self._in_register:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), REGISTER_FINISH_WAIT)
+        await self._cancel_registration()
+
     async def _register_until_done(self) -> None:
         delay, failures = 0.1, 0
         endpoint = os.path.basename(self.socket_path)
         while not self._stopping:
             try:
                 async with self.agent.register_slots:
-                    await register_with_kubelet(
-                        self.agent.kubelet_socket, endpoint, self.resource_name, self.options()
-                    )
+                    self._in_register = True
+                    try:
+                        await register_with_kubelet(
+                            self.agent.kubelet_socket, endpoint, self.resource_name, self.options()
+                        )
+                    finally:
+                        self._in_register = False
             except grpc.aio.AioRpcError as exc:
                 failures += 1
                 level = logging.WARNING if failures in (1, 10) else logging.DEBUG

@@ -9,6 +9,7 @@ Every value from the cache goes through ``escape``.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping
 from functools import cache
 from html import escape
@@ -127,7 +128,10 @@ def instance_row(instance: Mapping[str, Any], can_release: bool) -> str:
     if not instance["slots"]:
         out.append('<td class="empty">no slot rows in the cache yet</td>')
     out.append("</tr>")
-    return "".join(out)
+    row = "".join(out)
+    # A version of the row, so the browser replaces (and highlights) only rows that changed.
+    opening = out[0]
+    return f'{opening[:-1]} data-v="{zlib.crc32(row.encode()):08x}">{row[len(opening) :]}'
 
 
 def _count(name: str, which: str, value: int) -> str:
@@ -155,7 +159,7 @@ def slot_grid(groups: Iterable[Mapping[str, Any]], can_release: bool) -> SafeStr
             f'<span class="state state-foreign"><span aria-hidden="true">⚠</span> '
             f"{_count(name, 'foreign', c['foreign'])} foreign</span> · "
             f"{_count(name, 'surplus', c['surplus'])} surplus</p>"
-            f'<div class="scroll"><table class="slotgrid">'
+            f'<div class="grid"><table class="slotgrid">'
             f'<caption class="visually-hidden">Slots of Configuration {name}: one row per '
             f"Instance, one column per slot</caption>"
             f'<thead><tr><th scope="col">Instance</th><th scope="col">Visible to</th>{heads}'

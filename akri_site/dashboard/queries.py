@@ -126,6 +126,10 @@ def recent_events(qs: QuerySet[SlotEvent], limit: int = RECENT_EVENTS) -> list[S
     return list(qs.select_related("run").order_by("-at", "-id")[:limit])
 
 
+def _slots(n: int) -> str:
+    return "slot holds" if n == 1 else "slots hold"
+
+
 def alerts(now: datetime | None = None) -> list[dict[str, Any]]:
     """What needs a person, worst first. Each alert says what and where, in words."""
     now = now or timezone.now()
@@ -180,7 +184,8 @@ def alerts(now: datetime | None = None) -> list[dict[str, Any]]:
         found.append(
             {
                 "level": "warning",
-                "title": f"{n_foreign} slots hold a value that is not a node nor C:vdev:node",
+                "title": f"{n_foreign} {_slots(n_foreign)} a value that is not a node "
+                "nor C:vdev:node",
                 "detail": examples,
                 "url": reverse("dashboard:slots") + "?state=foreign",
             }
@@ -217,7 +222,8 @@ def alerts(now: datetime | None = None) -> list[dict[str, Any]]:
         found.append(
             {
                 "level": "info",
-                "title": f"{held_surplus} slots beyond capacity are still held",
+                "title": f"{held_surplus} {'slot' if held_surplus == 1 else 'slots'} beyond "
+                "capacity still held",
                 "detail": "Capacity shrank under their holders; they go once released.",
                 "url": reverse("dashboard:slots") + "?state=surplus",
             }

@@ -149,7 +149,7 @@
         var row = fragment(html[inst.key]);
         var old = byAttr(map, "data-instance", inst.key);
         if (old) {
-          if (old.outerHTML === row.outerHTML) return;
+          if (old.dataset.v && old.dataset.v === row.dataset.v) return;  // unchanged
           old.replaceWith(row);
         } else {
           var section = byAttr(map, "data-configuration", inst.configuration);
@@ -357,7 +357,15 @@
   }
 
   // ---- wiring ---------------------------------------------------------------------------------
+  function measureHeader() {
+    // Table headers stick just below the page header, whose height depends on wrapping.
+    var header = document.querySelector("header.top");
+    if (header) document.documentElement.style.setProperty("--header-h", header.offsetHeight + "px");
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    measureHeader();
+    window.addEventListener("resize", measureHeader);
     var refresh = document.getElementById("refresh");
     if (refresh) refresh.addEventListener("click", function () { location.reload(); });
     renderTimes(document);

@@ -1,0 +1,282 @@
+"""Benchmarks of the node agent against the API-server and kubelet simulators.
+
+- ``allocate``: the Allocate RPC as the kubelet calls it (gRPC over the plugin's socket), next
+  to a bare conditional write (JSON patch with a ``test``) by the same kind of client, the
+  two interleaved in one run so both see the same background load.
+- ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
+  list reaching the kubelet simulator of a node that did not make the change.
+- ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite, serving
+  100 Instances (100 IL plugins and one CL plugin); its RSS once all are registered.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import psutil
+from django.conf import settings
+
+from agent.bench import ensure_migrated, percentile
+from agent.discovery.base import HandlerRegistry
+from agent.discovery.debugecho import DebugEchoHandler
+from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
+from agent.kube.watch import CacheSync
+from agent.node.agent import NodeAgent
+from agent.protos import deviceplugin_pb2 as dp
+from agent.protos import deviceplugin_pb2_grpc as dp_grpc
+from agent.simulator.apiserver import ApiServerSimulator
+from agent.simulator.kubelet import KubeletSimulator
+
+CONFIG = "bench-echo"
+
+
+def configuration(descriptions: list[str], capacity: int = 2) -> dict[str, Any]:
+    details = "descriptions:\n" + "".join(f"- {d}\n" for d in descriptions)
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Configuration",
+        "metadata": {"name": CONFIG},
+        "spec": {
+            "discoveryHandler": {"name": "debugEcho", "discoveryDetails": details},
+            "capacity": capacity,
+        },
+    }
+
+
+@dataclass
+class BenchNode:
+    name: str
+    kubelet: KubeletSimulator
+    agent: NodeAgent
+
+
+@contextmanager
+def agents(nodes: list[str]) -> Iterator[tuple[AkriApi, list[BenchNode], str]]:
+    """An API-server simulator, one CacheSync, and per node a kubelet simulator and an agent."""
+    root = tempfile.mkdtemp(prefix="bn", dir="/tmp")
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    started: list[BenchNode] = []
+    with ApiServerSimulator() as sim:
+        kubeconfig = str(sim.write_kubeconfig(os.path.join(root, "kubeconfig")))
+        sync = CacheSync(new_api_client(kubeconfig), namespace, owner=f"bench-{namespace}")
+        sync.start()
+        sync.wait_synced()
+        try:
+            for name in nodes:
+                base = os.path.join(root, name[-1])
+                handlers = HandlerRegistry()
+                handlers.register(DebugEchoHandler(availability_path=os.path.join(base, "echo")))
+                kubelet = KubeletSimulator(
+                    os.path.join(base, "dp"), os.path.join(base, "pr.sock"), name
+                )
+                kubelet.start()
+                agent = NodeAgent(
+                    name,
+                    new_api_client(kubeconfig),
+                    namespace,
+                    kubelet.plugin_dir,
+                    kubelet.pod_resources_socket,
+                    None,
+                    handlers=handlers,
+                    sync=sync,
+                ).start()
+                started.append(BenchNode(name, kubelet, agent))
+            yield AkriApi(new_api_client(kubeconfig), namespace), started, kubeconfig
+        finally:
+            for node in started:
+                node.agent.stop()
+                node.kubelet.stop()
+            sync.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _instance(api: AkriApi) -> str:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        items = api.list_instances()["items"]
+        if items:
+            return items[0]["metadata"]["name"]
+        time.sleep(0.02)
+    raise TimeoutError("no Instance appeared")
+
+
+def _healthy(kubelet: KubeletSimulator, resource: str, count: int) -> None:
+    kubelet.wait_devices(
+        resource, lambda d: sum(h == "Healthy" for h in d.values()) == count, timeout=20
+    )
+
+
+def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    ensure_migrated()
+    rounds = 100 if quick else 1000
+    with agents(["node-a"]) as (api, [node], kubeconfig):
+        api.create_configuration(configuration(["foo0"]))
+        name = _instance(api)
+        resource = f"akri.sh/{name}"
+        _healthy(node.kubelet, resource, 2)
+        endpoint = node.kubelet.resources()[resource].endpoint
+        channel = grpc.insecure_channel(
+            "unix://" + endpoint, options=[("grpc.default_authority", "localhost")]
+        )
+        stub = dp_grpc.DevicePluginStub(channel)
+        request = dp.AllocateRequest(
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=[f"{name}-0"])]
+        )
+        bare = AkriApi(new_api_client(kubeconfig), api.namespace)
+        bare_key, bare_value = f"{name}-1", ""
+        allocate_ms: list[float] = []
+        bare_ms: list[float] = []
+        for i in range(rounds + 20):  # the first 20 warm up connections and code paths
+            started = time.perf_counter()
+            stub.Allocate(request, timeout=10)
+            elapsed = time.perf_counter() - started
+            agent = node.agent
+            agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
+            new = "" if bare_value else "node-x"
+            ops = [
+                {"op": "test", "path": f"/spec/deviceUsage/{bare_key}", "value": bare_value},
+                {"op": "replace", "path": f"/spec/deviceUsage/{bare_key}", "value": new},
+            ]
+            bare_started = time.perf_counter()
+            bare.custom.patch_namespaced_custom_object(
+                "akri.sh", "v0", api.namespace, "instances", name, ops, _content_type=JSON_PATCH
+            )
+            bare_elapsed = time.perf_counter() - bare_started
+            bare_value = new
+            if i >= 20:
+                allocate_ms.append(elapsed * 1000)
+                bare_ms.append(bare_elapsed * 1000)
+        channel.close()
+    p50, bare_p50 = percentile(allocate_ms, 50), percentile(bare_ms, 50)
+    return {
+        "p50_ms": p50,
+        "p99_ms": percentile(allocate_ms, 99),
+        "bare_p50_ms": bare_p50,
+        "ratio_p50": p50 / bare_p50,
+        "rounds": rounds,
+    }
+
+
+def bench_health_propagation(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    ensure_migrated()
+    rounds = 40 if quick else 200
+    with agents(["node-a", "node-b"]) as (api, nodes, _):
+        api.create_configuration(configuration(["foo0"]))
+        name = _instance(api)
+        resource = f"akri.sh/{name}"
+        for node in nodes:
+            _healthy(node.kubelet, resource, 2)
+        watcher = nodes[1].kubelet
+        key = f"{name}-0"
+        value, samples = "", []
+        for _ in range(rounds):
+            new = "" if value else "node-a"
+            health = "Healthy" if not new else "Unhealthy"
+            ops = [
+                {"op": "test", "path": f"/spec/deviceUsage/{key}", "value": value},
+                {"op": "replace", "path": f"/spec/deviceUsage/{key}", "value": new},
+            ]
+            started = time.perf_counter()
+            api.patch_instance(name, ops)
+            watcher.wait_devices(resource, lambda d, h=health: d.get(key) == h, timeout=10)
+            samples.append((time.perf_counter() - started) * 1000)
+            value = new
+    return {
+        "p50_ms": percentile(samples, 50),
+        "p95_ms": percentile(samples, 95),
+        "max_ms": max(samples),
+        "changes": rounds,
+    }
+
+
+def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    ensure_migrated()
+    count = 100
+    root = tempfile.mkdtemp(prefix="bm", dir="/tmp")
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    log_path = os.path.join(root, "agent.log")
+    manage = str(settings.BASE_DIR / "manage.py")
+    proc: subprocess.Popen | None = None
+    kubelet = KubeletSimulator(os.path.join(root, "dp"), os.path.join(root, "pr.sock"), "node-a")
+    try:
+        with ApiServerSimulator() as sim:
+            kubeconfig = str(sim.write_kubeconfig(os.path.join(root, "kubeconfig")))
+            env = dict(
+                os.environ,
+                AKRI_SQLITE_PATH=os.path.join(root, "agent.sqlite3"),
+                KUBECONFIG=kubeconfig,
+                AKRI_NAMESPACE=namespace,
+                DATABASE_URL="",
+                LOG_LEVEL="WARNING",
+            )
+            subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True)
+            kubelet.start()
+            with open(log_path, "w") as log:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        manage,
+                        "runagent",
+                        "--node-name=node-a",
+                        f"--device-plugin-dir={kubelet.plugin_dir}",
+                        f"--pod-resources-socket={kubelet.pod_resources_socket}",
+                        f"--registration-socket={os.path.join(root, 'reg.sock')}",
+                        f"--debug-echo-availability={os.path.join(root, 'echo')}",
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            api = AkriApi(new_api_client(kubeconfig), namespace)
+            started = time.monotonic()
+            api.create_configuration(configuration([f"dev-{i:03d}" for i in range(count)]))
+            _wait_registered(kubelet, count + 1, proc, log_path)
+            ready_s = time.monotonic() - started
+            process = psutil.Process(proc.pid)
+            rss = process.memory_info().rss / (1024 * 1024)
+            threads = process.num_threads()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+            leftover = [n for n in os.listdir(kubelet.plugin_dir) if n != "kubelet.sock"]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "rss_mb": rss,
+        "plugins": count + 1,
+        "threads": threads,
+        "ready_s": ready_s,
+        "exit_code": code,
+        "sockets_left": len(leftover),
+    }
+
+
+def _wait_registered(
+    kubelet: KubeletSimulator, wanted: int, proc: subprocess.Popen, log_path: str
+) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        resources = kubelet.resources()
+        listed = [r for r in resources.values() if r.connected and r.devices]
+        if len(listed) >= wanted:
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    with open(log_path) as log:
+        tail = log.read()[-3000:]
+    raise RuntimeError(f"agent did not register {wanted} plugins; its log ends:\n{tail}")
