@@ -79,7 +79,7 @@ class ConfigurationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status")
     def status(self, obj: Configuration) -> str:
-        return f"⛔ error: {obj.error[:80]}" if obj.error else "✓ valid"
+        return f"✖ error: {obj.error[:80]}" if obj.error else "✓ valid"
 
 
 @admin.register(Instance)
@@ -163,17 +163,8 @@ def _short(names: list[str]) -> str:
 
 @admin.register(Slot)
 class SlotAdmin(ReadOnlyAdmin):
-    list_display = [
-        "key",
-        "instance_link",
-        "configuration",
-        "state",
-        "level",
-        "holder_node",
-        "pod",
-        "since",
-        "surplus",
-    ]
+    list_display = ["key", "state", "holder_node", "pod", "since", "instance_link"]
+    list_per_page = 100
     list_filter = ["level", "surplus", "instance__configuration_name", "holder_node"]
     search_fields = ["key", "value", "holder_node", "pod_name", "instance__name"]
     list_select_related = ["instance"]

@@ -106,7 +106,7 @@ class Controller:
         namespace: str,
         *,
         sync: CacheSync | None = None,
-        timeout_seconds: int = 300,
+        timeout_seconds: int | None = None,
     ) -> None:
         from akri_site.dashboard.live import Coalescer
 

@@ -285,6 +285,9 @@ class AuditEntry(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
 
     def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M} {self.username} {self.action} {self.target}: {self.outcome}"
+        return (
+            f"{self.at:%Y-%m-%d %H:%M} {self.username} {self.action} {self.target}: {self.outcome}"
+        )

@@ -42,6 +42,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # The full slot map of a large cluster is megabytes of HTML.
+    "django.middleware.gzip.GZipMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -146,6 +148,10 @@ AKRI = {
     "SWEEP_INTERVAL_SECONDS": env.number("SLOT_RECLAIM_INTERVAL", 10.0, minimum=0.05),
     # Seconds a node may be NotReady before cluster reconciliation frees its slots.
     "NODE_GONE_GRACE_SECONDS": env.number("AKRI_NODE_GONE_GRACE_SECONDS", 60.0, minimum=0),
+    # Cache data older than this (no watch progress) is shown as stale.
+    "STALE_SECONDS": env.number("AKRI_STALE_SECONDS", 90.0, minimum=1),
+    # Watch streams end and restart this often, so a quiet cluster still shows progress.
+    "WATCH_TIMEOUT_SECONDS": env.integer("AKRI_WATCH_TIMEOUT_SECONDS", 55, minimum=1, maximum=3600),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 150, minimum=0, maximum=5000),
 }

@@ -398,11 +398,24 @@ def test_capacity_follows_the_configuration_without_taking_a_held_slot(cluster):
     kubelet.wait_devices(f"akri.sh/{FOO0}", lambda d: len(healthy(d)) == 3)
     assert isinstance(allocate(kubelet, f"akri.sh/{FOO0}", [f"{FOO0}-2"]), dp.AllocateResponse)
 
+    for n in cluster.nodes.values():
+        orig = n.agent.api.patch_instance
+        def wrapped(name, ops, orig=orig, who=n.name):
+            try:
+                r = orig(name, ops)
+                print("PATCH OK", who, ops, r["spec"]["deviceUsage"])
+                return r
+            except Exception as e:
+                print("PATCH FAIL", who, ops, e.status)
+                raise
+        n.agent.api.patch_instance = wrapped
     config = cluster.api.get_configuration(CONFIG)
+    print("AFTER ALLOC", cluster.usage(FOO0), cluster.api.get_instance(FOO0)["metadata"]["resourceVersion"], cluster["node-a"].agent.view.instance(FOO0)["metadata"]["resourceVersion"], cluster["node-a"].agent.view.instance(FOO0)["spec"]["deviceUsage"])
     cluster.api.patch_configuration(
         CONFIG, [{"op": "replace", "path": "/spec/capacity", "value": 1}]
     )
     cluster.wait_for(lambda: cluster.api.get_instance(FOO0)["spec"]["capacity"] == 1)
+    print("EVENTS", list(SlotEvent.objects.values_list("slot", "before", "after", "cause", "actor", "detail")))
     assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-2": "node-a"}
     devices = kubelet.wait_devices(f"akri.sh/{FOO0}", lambda d: len(d) == 2)
     assert devices == {f"{FOO0}-0": "Healthy", f"{FOO0}-2": "Unhealthy"}

@@ -341,10 +341,19 @@ def test_the_coalescer_sends_one_delta_per_window():
 def test_the_coalescer_flushes_what_is_pending_when_stopped():
     send = Recorder()
     coalescer = live.Coalescer(window_ms=5000, send=send).start()
-    coalescer.add(["default/cam-1"])
+    coalescer.add("default/cam-1")  # one reference, not its characters
     coalescer.stop()
 
     assert [batch["instances"] for _, batch in send.calls] == [["default/cam-1"]]
+    assert not coalescer.pending()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_bad_reference_fails_in_the_caller_not_in_the_batch():
+    coalescer = live.Coalescer(window_ms=10, send=Recorder())
+
+    with pytest.raises(TypeError):
+        coalescer.add([None])
     assert not coalescer.pending()
 
 

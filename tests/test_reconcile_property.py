@@ -42,6 +42,7 @@ class Pod:
     instance: str
     slot: str
     obj: dict[str, Any]
+    born: float
     state: str = "allocated"  # -> running -> gone
 
     @property
@@ -109,7 +110,6 @@ class World:
     def close(self) -> None:
         for node in self.nodes.values():
             node.reconciler.stop()
-        client.CoreV1Api(self.kube.api_client)  # nodes stay for the next example
 
     # --- the kubelet's side -----------------------------------------------------------------
     def usage(self) -> dict[str, str]:
@@ -142,7 +142,7 @@ class World:
             return
         name = f"p{len(self.pods)}"
         obj = pod_object(self.namespace, name, node, phase="Pending")
-        self.pods.append(Pod(name, node, instance, slot, obj))
+        self.pods.append(Pod(name, node, instance, slot, obj, self.t))
         self.ended.pop((node, slot), None)
         sim.api_pods[name] = obj
         sim.pending.append(("ADDED", obj))
@@ -242,8 +242,7 @@ class World:
                     sim.next_sweep += SWEEP
 
     def _age(self, pod: Pod) -> float:
-        born = next(b for b in self.nodes[pod.node].reconciler.bindings() if b.slot == pod.slot) if False else None
-        return self.t - self.born[pod.name] if born is None else 0.0
+        return self.t - pod.born
 
     # --- what must hold -----------------------------------------------------------------------
     def check(self) -> None:
@@ -273,6 +272,8 @@ def steps():
     return st.lists(
         st.one_of(
             st.tuples(st.just("allocate"), node, slot),
+            st.tuples(st.just("reuse"), pick),  # the kubelet hands a freed device on at once
+            st.tuples(st.just("handover"), pick, st.booleans()),  # end a pod, reuse at once
             st.tuples(st.just("start"), pick),
             st.tuples(st.just("delete"), pick),
             st.tuples(st.just("terminate"), pick),
@@ -289,15 +290,18 @@ def steps():
 
 
 def run_steps(world: World, plan: list[tuple]) -> None:
-    world.born: dict[str, float] = {}
     for step in plan:
         kind = step[0]
         live = [p for p in world.pods if p.alive]
         if kind in ("allocate", "crash_allocate"):
-            before = len(world.pods)
             world.allocate(step[1], step[2], crash=kind == "crash_allocate")
-            for pod in world.pods[before:]:
-                world.born[pod.name] = world.t
+        elif kind == "reuse" and (ended := [p for p in world.pods if not p.alive]):
+            pod = ended[step[1] % len(ended)]
+            world.allocate(pod.node, world.slots.index((pod.instance, pod.slot)))
+        elif kind == "handover" and live:
+            pod = live[step[1] % len(live)]
+            world.end(pod, terminate=step[2])
+            world.allocate(pod.node, world.slots.index((pod.instance, pod.slot)))
         elif kind == "start" and live:
             world.start(live[step[1] % len(live)])
         elif kind in ("delete", "terminate") and live:
@@ -316,7 +320,7 @@ def run_steps(world: World, plan: list[tuple]) -> None:
 
 
 @settings(
-    max_examples=25,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

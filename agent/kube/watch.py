@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 from kubernetes import client, watch
@@ -55,7 +56,7 @@ class ResourceWatcher:
         on_relist: Callable[[list[dict[str, Any]]], None],
         api_client: client.ApiClient,
         to_dict: bool = False,
-        timeout_seconds: int = 300,
+        timeout_seconds: int | None = None,
         persist: bool = True,
     ) -> None:
         self.owner, self.kind = owner, kind
@@ -65,7 +66,8 @@ class ResourceWatcher:
         self.api_client = api_client
         # Typed APIs (pods, nodes) return models; handlers want plain dicts either way.
         self.to_dict = to_dict
-        self.timeout_seconds = timeout_seconds
+        # Streams end every so often (the server's own cap, or ours); each end records progress.
+        self.timeout_seconds = timeout_seconds or int(settings.AKRI["WATCH_TIMEOUT_SECONDS"])
         self.persist = persist
         self.resource_version = ""
         self.synced = threading.Event()
@@ -219,7 +221,7 @@ class CacheSync:
         namespace: str,
         owner: str,
         *,
-        timeout_seconds: int = 300,
+        timeout_seconds: int | None = None,
     ) -> None:
         self.api_client = api_client
         self.namespace = namespace
@@ -354,8 +356,12 @@ class CacheSync:
             self._watched.pop(name, None)
             self._notify("instance", name, None)
             return
-        _, applied = cache.apply_instance(obj)
-        if applied:
+        row, applied = cache.apply_instance(obj)
+        # The echo of a write some other claim store applied inline (one without this sync:
+        # the admin's manual release in the one-process demo, a test) changes no row, but
+        # subscribers have not heard of that write: tell them now.
+        echo = row.resource_version == obj["metadata"].get("resourceVersion")
+        if applied or echo:
             self._notify("instance", name, obj)
 
     def _instance_relist(self, items: list[dict[str, Any]]) -> None:

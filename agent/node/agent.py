@@ -50,7 +50,6 @@ from agent.domain.naming import (
     instance_digest,
     is_resource_name_valid,
 )
-from agent.kube import cache
 from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
@@ -135,15 +134,18 @@ class NodeAgent:
         self.offline_grace = offline_grace
         self.restart_poll = restart_poll
         self.api = AkriApi(api_client, namespace)
-        self.claims = ClaimStore(self.api, f"agent:{node_name}", on_applied=self._claim_applied)
+        self._own_sync = sync is None
+        self.sync = sync or CacheSync(api_client, namespace, owner=f"agent:{node_name}")
+        # Cache writes of our claims go through the sync's ordered applier, off Allocate's path.
+        self.claims = ClaimStore(
+            self.api, f"agent:{node_name}", on_applied=self._claim_applied, sync=self.sync
+        )
         self.view = ClusterView()
         self.loop = LoopThread(f"agent-{node_name}", blocking_workers)
         self.claim_pool = ThreadPoolExecutor(claim_workers, thread_name_prefix=f"claim-{node_name}")
         self.register_slots = asyncio.Semaphore(8)  # concurrent Register calls per agent
         self.reconciler: Reconciler | None = None
         self._reconciler_factory = reconciler_factory
-        self._own_sync = sync is None
-        self.sync = sync or CacheSync(api_client, namespace, owner=f"agent:{node_name}")
         self._writer = InstanceWriter(self.api, node_name, self._written, self._deleted)
         self._registration: RegistrationServer | None = None
         self._lock = threading.Lock()  # guards the dicts below
@@ -368,15 +370,12 @@ class NodeAgent:
         self.sync.applied_directly(obj)
 
     def _written(self, obj: dict[str, Any]) -> None:
-        try:
-            cache.apply_instance(obj, direct=True)
-        except Exception:  # the API write stands; the watch brings the cache along
-            log.exception("caching Instance %s failed", obj["metadata"]["name"])
+        """An Instance write of ours: into the cache in order with the watch, and the view."""
+        self.sync.submit_direct(obj, {})
         self._claim_applied(obj)
 
     def _deleted(self, name: str, rv: str) -> None:
-        with contextlib.suppress(Exception):
-            cache.remove_instance(self.namespace, name)
+        # The cache row goes with the watch's DELETED event, in order with the rest.
         self._instance_gone(name, rv)
 
     # --- the worker ---------------------------------------------------------------------------

@@ -575,6 +575,8 @@ class NodeReconciler:
                 resource_name=resource_name,
                 allocated_at=self.clock(),
             )
+            if self._binding(slot_key) is not None:
+                binding = self._binding(slot_key)
             self._save_binding(binding)
             self._show_pod(instance, slot_key, None)
         self._schedule_learn(reset=True)

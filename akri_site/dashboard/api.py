@@ -224,8 +224,9 @@ class RunFilter(filters.FilterSet):
 
 class EventFilter(filters.FilterSet):
     cause = filters.ChoiceFilter(choices=SlotEvent.Cause.choices)
-    after = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
-    before_time = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", label="before")
+    # Not "after"/"before": those are the slot's values around the change.
+    at_after = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    at_before = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
 
     class Meta:
         model = SlotEvent

@@ -42,9 +42,12 @@ RANGE_DELTAS = {
 DEFAULT_RANGE = "24h"
 
 
-def _known_nodes() -> set[str]:
+def known_nodes() -> set[str]:
+    """Nodes in the node cache, and nodes holding slots (a node gone may still hold some)."""
     names = set(Node.objects.values_list("name", flat=True))
-    names.update(Slot.objects.exclude(holder_node="").values_list("holder_node", flat=True))
+    names.update(
+        Slot.objects.exclude(holder_node="").values_list("holder_node", flat=True).distinct()
+    )
     return names
 
 
@@ -99,7 +102,7 @@ class SlotFilterForm(_PageMixin):
 
     def clean_node(self) -> str:
         node = self.cleaned_data["node"].strip()
-        if node and node not in _known_nodes() and not _visible_to(node):
+        if node and node not in known_nodes() and not _visible_to(node):
             raise forms.ValidationError(f"No node named “{node}” is known.")
         return node
 
@@ -152,15 +155,12 @@ class RunFilterForm(_RangeMixin):
     node = forms.CharField(required=False, max_length=253)
     result = forms.ChoiceField(choices=RESULTS, required=False)
 
-    # Field order for the page: as an operator reads them.
-    field_order = ["range", "start", "end", "scope", "node", "trigger", "result"]
-
     def clean_node(self) -> str:
         node = self.cleaned_data["node"].strip()
         if (
             node
             and not ReconcileRun.objects.filter(node=node).exists()
-            and node not in _known_nodes()
+            and node not in known_nodes()
         ):
             raise forms.ValidationError(f"No node named “{node}” is known.")
         return node
@@ -172,8 +172,6 @@ class AuditFilterForm(_RangeMixin):
     OUTCOMES = (("", "any outcome"), ("done", "done"), ("refused", "refused"), ("failed", "failed"))
     user = forms.CharField(required=False, max_length=150)
     outcome = forms.ChoiceField(choices=OUTCOMES, required=False)
-
-    field_order = ["range", "start", "end", "user", "outcome"]
 
     def clean_user(self) -> str:
         name = self.cleaned_data["user"].strip()

@@ -145,6 +145,11 @@ def publish_run(run_id: int) -> None:
     publish(runs=[run_id])
 
 
+def _listed(items: Any) -> list[Any]:
+    # A lone "ns/name" is one reference, not its characters.
+    return [items] if isinstance(items, str | int) else list(items)
+
+
 class Coalescer:
     """Collects changes from any thread and publishes one delta per window from its own thread.
 
@@ -174,10 +179,14 @@ class Coalescer:
         self._thread: threading.Thread | None = None
         self.flushes = 0
 
-    def add(self, refs: Iterable[InstanceRef]) -> None:
+    def add(self, refs: Iterable[InstanceRef] | InstanceRef) -> None:
+        refs = _listed(refs)
+        parse_instance_refs(refs)  # a bad reference fails here, in the caller, not the batch
         self._put(self._instances, refs)
 
-    def add_removed(self, keys: Iterable[str]) -> None:
+    def add_removed(self, keys: Iterable[str] | str) -> None:
+        keys = _listed(keys)
+        parse_instance_refs(keys)
         self._put(self._removed, keys)
 
     def add_run(self, run_id: int) -> None:

@@ -24,13 +24,12 @@ from agent.models import (
     Node,
     Pod,
     ReconcileRun,
-    Slot,
     SlotEvent,
     SlotPodBinding,
 )
 from akri_site.dashboard import fragments, queries, slotmap
 from akri_site.dashboard.access import can_release, role_of, viewer_required
-from akri_site.dashboard.forms import AuditFilterForm, RunFilterForm, SlotFilterForm
+from akri_site.dashboard.forms import AuditFilterForm, RunFilterForm, SlotFilterForm, known_nodes
 
 # Instances per slot-map page: large enough that a filter to one Configuration or node of a
 # big cluster (2,000 Instances) still shows all of it on one page.
@@ -49,9 +48,9 @@ def _paginate(items: Any, number: int | None, per_page: int) -> Page:
     try:
         return paginator.page(number or 1)
     except EmptyPage:
-        raise BadPage(
-            f"Page {number} does not exist: there are {paginator.num_pages} pages."
-        ) from None
+        pages = paginator.num_pages
+        there = "there is 1 page" if pages == 1 else f"there are {pages} pages"
+        raise BadPage(f"Page {number} does not exist: {there}.") from None
 
 
 def _page_links(request: HttpRequest, page: Page) -> dict[str, str]:
@@ -99,9 +98,7 @@ def _live_query(view: str, filters: dict[str, str]) -> str:
 def _filter_choices() -> dict[str, list[str]]:
     configurations = set(Configuration.objects.values_list("name", flat=True))
     configurations.update(Instance.objects.values_list("configuration_name", flat=True).distinct())
-    nodes = set(Node.objects.values_list("name", flat=True))
-    nodes.update(Slot.objects.exclude(holder_node="").values_list("holder_node", flat=True))
-    return {"configurations": sorted(configurations), "nodes": sorted(nodes)}
+    return {"configurations": sorted(configurations), "nodes": sorted(known_nodes())}
 
 
 @require_GET

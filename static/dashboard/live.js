@@ -152,6 +152,7 @@
           if (old.dataset.v && old.dataset.v === row.dataset.v) return;  // unchanged
           old.replaceWith(row);
         } else {
+          // New in this view: insert in name order, in its Configuration's table.
           var section = byAttr(map, "data-configuration", inst.configuration);
           var tbody = section && section.querySelector("table tbody");
           if (!tbody) { missingConfigs[inst.configuration] = true; return; }
@@ -217,12 +218,16 @@
         if (!frag) return;
         var row = fragment(frag);
         var old = byAttr(tbody, "data-run", String(run.id));
-        if (old) { old.replaceWith(row); }
-        else if (table.hasAttribute("data-appendable") && runMatches(table, run)) {
-          tbody.insertBefore(row, tbody.firstElementChild);
-          var empty = document.querySelector("[data-runs-empty]");
-          if (empty) empty.remove();
-        } else { return; }
+        if (old) {
+          // A run row changes only if the run was still being recorded: replace it quietly.
+          old.replaceWith(row);
+          renderTimes(row);
+          return;
+        }
+        if (!table.hasAttribute("data-appendable") || !runMatches(table, run)) return;
+        tbody.insertBefore(row, tbody.firstElementChild);
+        var empty = document.querySelector("[data-runs-empty]");
+        if (empty) empty.remove();
         renderTimes(row);
         flash(row);
       });
