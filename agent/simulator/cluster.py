@@ -82,6 +82,7 @@ class SimulatedCluster:
         self.sim_nodes: list[SimNode] = []
         self.sync: CacheSync | None = None
         self.controller: Any = None
+        self._stopped = False
 
     def start(self) -> SimulatedCluster:
         from agent.node.agent import NodeAgent
@@ -128,6 +129,10 @@ class SimulatedCluster:
         return self
 
     def stop(self) -> None:
+        """Stop everything; calling it again does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         for node in self.sim_nodes:
             node.agent.stop()
             node.kubelet.stop()
