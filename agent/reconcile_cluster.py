@@ -110,7 +110,11 @@ class ClusterBook:
         for name, value in fields.items():
             setattr(self.row, name, value)
         metrics.RECONCILE_RUNS.labels("cluster", self.row.trigger).inc()
-        for result, n in (("released", self.released), ("conflict", self.conflicts), ("error", self.errors)):
+        for result, n in (
+            ("released", self.released),
+            ("conflict", self.conflicts),
+            ("error", self.errors),
+        ):
             if n:
                 metrics.RECONCILE_SLOTS.labels("cluster", result).inc(n)
         return self.row
@@ -179,7 +183,9 @@ def _run(
     grace: float | None,
 ) -> ReconcileRun:
     now = now or timezone.now()
-    grace_td = timedelta(seconds=settings.AKRI["NODE_GONE_GRACE_SECONDS"] if grace is None else grace)
+    grace_td = timedelta(
+        seconds=settings.AKRI["NODE_GONE_GRACE_SECONDS"] if grace is None else grace
+    )
     row = ReconcileRun.objects.create(
         scope=ReconcileRun.Scope.CLUSTER, trigger=trigger, started_at=now, task_id=task_id
     )
@@ -188,7 +194,9 @@ def _run(
     try:
         # Instances first: see the module docstring.
         instances = api.list_instances().get("items") or []
-        configurations = {c["metadata"]["name"] for c in api.list_configurations().get("items") or []}
+        configurations = {
+            c["metadata"]["name"] for c in api.list_configurations().get("items") or []
+        }
         nodes = list_nodes(api_client, now)
     except (ApiException, HTTPError, OSError) as exc:
         book.errors += 1
@@ -216,11 +224,19 @@ def list_nodes(api_client: client.ApiClient, now: datetime) -> dict[str, NodeFac
     for node in api_client.sanitize_for_serialization(answer).get("items") or []:
         name = node["metadata"]["name"]
         ready = next(
-            (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+            (
+                c
+                for c in (node.get("status") or {}).get("conditions") or []
+                if c.get("type") == "Ready"
+            ),
             None,
         )
         is_ready = bool(ready and ready.get("status") == "True")
-        since = parse_datetime(ready["lastTransitionTime"]) if ready and ready.get("lastTransitionTime") else None
+        since = (
+            parse_datetime(ready["lastTransitionTime"])
+            if ready and ready.get("lastTransitionTime")
+            else None
+        )
         if not is_ready and since is None:
             since = _first_seen_not_ready(name, now)
         facts[name] = NodeFacts(name, is_ready, since)
@@ -230,7 +246,9 @@ def list_nodes(api_client: client.ApiClient, now: datetime) -> dict[str, NodeFac
 def _first_seen_not_ready(name: str, now: datetime) -> datetime:
     row, _ = Node.objects.get_or_create(name=name)
     if row.not_ready_since is None:
-        Node.objects.filter(pk=row.pk, not_ready_since__isnull=True).update(not_ready_since=now, ready=False)
+        Node.objects.filter(pk=row.pk, not_ready_since__isnull=True).update(
+            not_ready_since=now, ready=False
+        )
         row.refresh_from_db()
     return row.not_ready_since or now
 
@@ -240,7 +258,9 @@ def _nodes_named(obj: dict[str, Any]) -> set[str]:
     node names: only a finalizer equal to a node known to be gone is ever removed."""
     state = InstanceState.from_object(obj)
     names = set(state.nodes)
-    names.update(v.usage.node for v in state.views() if v.usage.kind in (UsageKind.NODE, UsageKind.CONFIG))
+    names.update(
+        v.usage.node for v in state.views() if v.usage.kind in (UsageKind.NODE, UsageKind.CONFIG)
+    )
     return names
 
 
@@ -263,7 +283,11 @@ def _reconcile_instance(
         holder = view.usage.node
         if view.usage.kind in (UsageKind.NODE, UsageKind.CONFIG) and holder in gone:
             _free(store, book, name, view.key, view.usage.raw, holder, gone[holder], obj)
-    finalizers = set(obj["metadata"].get("finalizers") or []) if obj["metadata"].get("deletionTimestamp") else set()
+    finalizers = (
+        set(obj["metadata"].get("finalizers") or [])
+        if obj["metadata"].get("deletionTimestamp")
+        else set()
+    )
     for node in sorted(n for n in _nodes_named(obj) | finalizers if n in gone):
         _leave(api, book, name, node)
 
@@ -363,7 +387,9 @@ def _delete_orphan(api: AkriApi, book: ClusterBook, obj: dict[str, Any]) -> None
 
 
 def _report_foreign(book: ClusterBook, name: str, state: InstanceState) -> None:
-    foreign = [f"{v.key}={v.usage.raw!r}" for v in state.views() if v.usage.kind is UsageKind.FOREIGN]
+    foreign = [
+        f"{v.key}={v.usage.raw!r}" for v in state.views() if v.usage.kind is UsageKind.FOREIGN
+    ]
     stray = [f"{k}={v!r}" for k, v in stray_keys(name, state.device_usage).items()]
     if foreign:
         book.note(f"{name}: foreign deviceUsage values, left alone: {', '.join(foreign)}")

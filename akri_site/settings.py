@@ -25,8 +25,11 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.words("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.words("CSRF_TRUSTED_ORIGINS", [])
 
+# The node agent (``runagent``, a DaemonSet on every node) serves no HTTP: without daphne it
+# does not load Twisted and friends, some 40 MB of every agent's memory.
+_WEB = not env.boolean("AKRI_AGENT_ONLY", False)
 INSTALLED_APPS = [
-    "daphne",
+    *(["daphne"] if _WEB else []),
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -43,7 +43,10 @@ def configuration_body(name: str, capacity: int = 2) -> dict[str, Any]:
         "apiVersion": "akri.sh/v0",
         "kind": "Configuration",
         "metadata": {"name": name},
-        "spec": {"discoveryHandler": {"name": "debugEcho", "discoveryDetails": ""}, "capacity": capacity},
+        "spec": {
+            "discoveryHandler": {"name": "debugEcho", "discoveryDetails": ""},
+            "capacity": capacity,
+        },
     }
 
 
@@ -96,7 +99,9 @@ class FakePodResources:
         self.available = True
         self.calls = 0
 
-    def hold(self, namespace: str, pod: str, resource: str, device_id: str, container: str = "main") -> None:
+    def hold(
+        self, namespace: str, pod: str, resource: str, device_id: str, container: str = "main"
+    ) -> None:
         with self._lock:
             self._uses.setdefault((namespace, pod), []).append(
                 DeviceUse(resource, device_id, namespace, pod, container)
@@ -139,7 +144,12 @@ def allocate_il(reconciler: NodeReconciler, store: ClaimStore, instance: str, ke
 
 
 def allocate_cl(
-    reconciler: NodeReconciler, store: ClaimStore, instance: str, key: str, configuration: str, vdev: str
+    reconciler: NodeReconciler,
+    store: ClaimStore,
+    instance: str,
+    key: str,
+    configuration: str,
+    vdev: str,
 ) -> str:
     node = reconciler.node
     value = format_cl(vdev, node)

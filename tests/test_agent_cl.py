@@ -8,7 +8,6 @@ import grpc
 import pytest
 
 from agent.kube.claims import ClaimStore
-from agent.models import SlotEvent
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 
@@ -93,7 +92,7 @@ def test_three_unique_devices_where_two_exist_are_refused_whole(cluster):
     assert "3 unique devices requested, 2 available" in answer.details()
     assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-1": ""}
     assert cluster.usage(FOO1) == {f"{FOO1}-0": "", f"{FOO1}-1": ""}
-    assert not SlotEvent.objects.exists()
+    assert cluster.events() == []
 
 
 def test_a_refused_request_releases_the_claims_it_made(cluster):
@@ -115,10 +114,7 @@ def test_a_refused_request_releases_the_claims_it_made(cluster):
     assert "2 unique devices requested, 1 available" in answer.details()
     assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-1": ""}
     assert cluster.usage(FOO1) == {f"{FOO1}-0": "x:y", f"{FOO1}-1": "x:z"}
-    causes = list(
-        SlotEvent.objects.filter(instance=FOO0).order_by("id").values_list("cause", flat=True)
-    )
-    assert causes == ["allocate", "release"]
+    assert [e.cause for e in cluster.events(instance=FOO0)] == ["allocate", "release"]
 
 
 def test_a_slot_lost_between_plan_and_write_is_planned_again(cluster):
@@ -188,7 +184,7 @@ def test_a_re_asked_vdev_maps_to_the_slot_it_already_holds(cluster):
 
     assert isinstance(again, dp.AllocateResponse)
     assert {**cluster.usage(FOO0), **cluster.usage(FOO1)} == before
-    assert SlotEvent.objects.count() == 1
+    assert len(cluster.events()) == 1
 
 
 def test_preferred_allocation_names_the_lowest_available_devices(cluster):

@@ -56,6 +56,7 @@ def test_every_plugin_re_registers_within_two_seconds_of_a_kubelet_restart(clust
     devices = kubelet.wait_devices(RESOURCES[0], lambda d: len(d) == 2, timeout=2.0)
     assert len(healthy(devices)) == 2  # node-a's own slot stays Healthy
     assert kubelet.wait_devices(RESOURCES[2], lambda d: len(healthy(d)) == 2)
+    kubelet.wait_devices(RESOURCES[1], lambda d: len(healthy(d)) == 2)
     after = kubelet.admit_pod("default", "after", [{"name": "c", "requests": {RESOURCES[1]: 1}}])
     assert after.admitted, after.error
     assert len(cluster["node-a"].sockets()) == 3

@@ -16,14 +16,16 @@ from typing import Any
 
 import grpc
 import pytest
+from kubernetes import client
 
 from agent.discovery.base import HandlerRegistry
 from agent.discovery.debugecho import DebugEchoHandler, set_availability
 from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
-from agent.models import SlotEvent
+from agent.models import SlotEvent, SlotPodBinding
 from agent.node.agent import NodeAgent
+from agent.node.instances import DesiredInstance, InstanceWriter
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 from agent.simulator.kubelet import KubeletSimulator
@@ -90,11 +92,21 @@ class Node:
 class AgentCluster:
     """Agents for ``nodes`` sharing one CacheSync, each with its own kubelet simulator."""
 
-    def __init__(self, kube: Any, nodes: tuple[str, ...] = NODES, grace: float = GRACE) -> None:
+    def __init__(
+        self,
+        kube: Any,
+        nodes: tuple[str, ...] = NODES,
+        grace: float = GRACE,
+        *,
+        reconcile: bool = False,
+    ) -> None:
         self.kube = kube
         self.api = AkriApi(kube.api_client, kube.namespace)
         self.root = tempfile.mkdtemp(prefix="ag", dir="/tmp")
         self.grace = grace
+        # Off unless asked for: most tests admit pods in the kubelet only, and the reconciler
+        # would rightly free slots whose pods the API server has never heard of.
+        self.reconcile = reconcile
         self.sync = CacheSync(
             kube.new_client(), kube.namespace, owner=f"agents-{uuid.uuid4().hex[:6]}"
         )
@@ -115,6 +127,7 @@ class AgentCluster:
                 handlers=node.handlers,
                 sync=self.sync,
                 offline_grace=self.grace,
+                reconcile=self.reconcile,
             ).start()
         return self
 
@@ -137,6 +150,11 @@ class AgentCluster:
 
     def instances(self) -> dict[str, dict[str, Any]]:
         return {o["metadata"]["name"]: o for o in self.api.list_instances()["items"]}
+
+    def events(self, **filters: Any) -> list[SlotEvent]:
+        """Slot history, once every cache write queued so far is done (they are asynchronous)."""
+        assert self.sync.drain()
+        return list(SlotEvent.objects.filter(**filters).order_by("id"))
 
     def wait_for(self, predicate: Any, timeout: float = 5.0, message: str | None = None) -> Any:
         return self.kube.wait_for(predicate, timeout=timeout, interval=0.02, message=message)
@@ -234,7 +252,7 @@ def test_a_pod_on_node_a_claims_a_slot_and_the_other_nodes_see_it_unhealthy(clus
         assert len(healthy(devices)) == 1
     # node-a keeps its own slot Healthy (the kubelet may re-ask for it, Akri PR #556).
     assert cluster["node-a"].kubelet.resources()[resource].devices[slot] == "Healthy"
-    event = SlotEvent.objects.get(slot=slot, cause="allocate")
+    [event] = cluster.events(slot=slot, cause="allocate")
     assert (event.before, event.after, event.actor) == ("", "node-a", "agent:node-a")
 
 
@@ -273,8 +291,7 @@ def test_two_nodes_racing_for_the_last_slot_get_exactly_one_winner(cluster):
     assert f"Unable to claim slot {last}" in error.details()
     assert f"held by {winners[0]}" in error.details()
     assert cluster.usage(FOO0) == {taken: "node-a", last: winners[0]}
-    claims = SlotEvent.objects.filter(slot=last).values_list("after", flat=True)
-    assert list(claims) == [winners[0]]
+    assert [e.after for e in cluster.events(slot=last)] == [winners[0]]
 
 
 def test_an_unknown_slot_id_is_invalid_argument_and_writes_nothing(cluster):
@@ -295,7 +312,7 @@ def test_an_unknown_slot_id_is_invalid_argument_and_writes_nothing(cluster):
         assert "Invalid device id" in answer.details()
     assert cluster.api.get_instance(FOO0)["metadata"]["resourceVersion"] == rv
     assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-1": ""}
-    assert not SlotEvent.objects.filter(instance=FOO0).exists()
+    assert cluster.events(instance=FOO0) == []
 
 
 def test_a_multi_slot_request_is_all_or_nothing(cluster):
@@ -326,7 +343,7 @@ def test_asking_again_for_a_slot_this_node_holds_succeeds_without_a_write(cluste
 
     assert isinstance(again, dp.AllocateResponse)
     assert cluster.api.get_instance(FOO0)["metadata"]["resourceVersion"] == rv
-    assert SlotEvent.objects.filter(slot=f"{FOO0}-0").count() == 1
+    assert len(cluster.events(slot=f"{FOO0}-0")) == 1
 
 
 def test_an_offline_device_leaves_after_the_grace_and_its_instance_is_deleted(cluster):
@@ -398,24 +415,11 @@ def test_capacity_follows_the_configuration_without_taking_a_held_slot(cluster):
     kubelet.wait_devices(f"akri.sh/{FOO0}", lambda d: len(healthy(d)) == 3)
     assert isinstance(allocate(kubelet, f"akri.sh/{FOO0}", [f"{FOO0}-2"]), dp.AllocateResponse)
 
-    for n in cluster.nodes.values():
-        orig = n.agent.api.patch_instance
-        def wrapped(name, ops, orig=orig, who=n.name):
-            try:
-                r = orig(name, ops)
-                print("PATCH OK", who, ops, r["spec"]["deviceUsage"])
-                return r
-            except Exception as e:
-                print("PATCH FAIL", who, ops, e.status)
-                raise
-        n.agent.api.patch_instance = wrapped
     config = cluster.api.get_configuration(CONFIG)
-    print("AFTER ALLOC", cluster.usage(FOO0), cluster.api.get_instance(FOO0)["metadata"]["resourceVersion"], cluster["node-a"].agent.view.instance(FOO0)["metadata"]["resourceVersion"], cluster["node-a"].agent.view.instance(FOO0)["spec"]["deviceUsage"])
     cluster.api.patch_configuration(
         CONFIG, [{"op": "replace", "path": "/spec/capacity", "value": 1}]
     )
     cluster.wait_for(lambda: cluster.api.get_instance(FOO0)["spec"]["capacity"] == 1)
-    print("EVENTS", list(SlotEvent.objects.values_list("slot", "before", "after", "cause", "actor", "detail")))
     assert cluster.usage(FOO0) == {f"{FOO0}-0": "", f"{FOO0}-2": "node-a"}
     devices = kubelet.wait_devices(f"akri.sh/{FOO0}", lambda d: len(d) == 2)
     assert devices == {f"{FOO0}-0": "Healthy", f"{FOO0}-2": "Unhealthy"}
@@ -474,3 +478,72 @@ def test_a_malformed_configuration_is_skipped_with_a_clear_log_line(cluster, cap
         message="the log line",
     )
     assert all(o["spec"]["configurationName"] == CONFIG for o in cluster.instances().values())
+
+
+def test_the_reconciler_learns_each_allocation_and_frees_the_slot_when_its_pod_goes(kube):
+    cluster = AgentCluster(kube, nodes=("node-a", "node-b"), reconcile=True).start()
+    try:
+        cluster.api.create_configuration(configuration_body(descriptions=("foo0",)))
+        wait_instances(cluster, {FOO0}, nodes=("node-a", "node-b"))
+        resource = f"akri.sh/{FOO0}"
+        kubelet = cluster["node-a"].kubelet
+        kubelet.wait_devices(resource, lambda d: len(healthy(d)) == 2)
+        core = client.CoreV1Api(cluster.kube.api_client)
+        pod = core.create_namespaced_pod(
+            cluster.kube.namespace,
+            {
+                "metadata": {"name": "broker"},
+                "spec": {
+                    "nodeName": "node-a",
+                    "containers": [
+                        {"name": "c", "image": "x", "resources": {"limits": {resource: "1"}}}
+                    ],
+                },
+            },
+        )
+        result = kubelet.admit_pod(
+            cluster.kube.namespace,
+            "broker",
+            [{"name": "c", "requests": {resource: 1}}],
+            uid=pod.metadata.uid,
+        )
+        assert result.admitted, result.error
+        [slot] = result.container("c").devices[resource]
+
+        # The hook binds the slot at Allocate; PodResources then names the pod.
+        binding = cluster.wait_for(
+            lambda: SlotPodBinding.objects.filter(
+                node="node-a", slot=slot, pod_name="broker"
+            ).first(),
+            message="the slot bound to its pod",
+        )
+        assert (binding.device_id, binding.resource_name) == (slot, resource)
+        cluster["node-b"].kubelet.wait_devices(resource, lambda d: d.get(slot) == "Unhealthy")
+
+        core.delete_namespaced_pod("broker", cluster.kube.namespace)
+        kubelet.remove_pod(cluster.kube.namespace, "broker")
+
+        cluster.wait_for(lambda: cluster.usage(FOO0)[slot] == "", timeout=10, message="slot freed")
+        cluster["node-b"].kubelet.wait_devices(resource, lambda d: d.get(slot) == "Healthy")
+    finally:
+        cluster.stop()
+
+
+def test_leaving_never_deletes_an_instance_another_node_just_joined(kube):
+    api = AkriApi(kube.api_client, kube.namespace)
+    desired = DesiredInstance(CONFIG, "", "8120fe", 2, True, {"DEBUG_ECHO_DESCRIPTION": "foo0"})
+    deleted: list[str] = []
+    node_a = InstanceWriter(api, "node-a", lambda obj: None, lambda name, rv: deleted.append(name))
+    node_b = InstanceWriter(api, "node-b", lambda obj: None, lambda name, rv: None)
+    seen_by_a = node_a.ensure(None, desired)
+    assert seen_by_a["spec"]["nodes"] == ["node-a"]
+    node_b.ensure(api.get_instance(FOO0), desired)  # node-a has not heard of it yet
+
+    node_a.leave(seen_by_a, FOO0)
+
+    assert api.get_instance(FOO0)["spec"]["nodes"] == ["node-b"]
+    assert deleted == []
+    node_b.leave(None, FOO0)
+    with pytest.raises(client.ApiException) as gone:
+        api.get_instance(FOO0)
+    assert gone.value.status == 404

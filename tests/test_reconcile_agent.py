@@ -8,6 +8,7 @@ import time
 import pytest
 from kubernetes import client
 
+from agent.kube.claims import ClaimStore
 from agent.models import ReconcileRun, SlotEvent, SlotPodBinding
 from agent.node.agent import NodeAgent
 from tests.reconcile_world import create_pod
@@ -29,7 +30,7 @@ CL = f"akri.sh/{CONFIG}"
 
 @pytest.fixture
 def cluster(kube):
-    started = AgentCluster(kube, nodes=NODES).start()
+    started = AgentCluster(kube, nodes=NODES, reconcile=True).start()
     started.api.create_configuration(configuration_body(descriptions=("foo0",), capacity=2))
     wait_instances(started, {FOO0}, NODES)
     for kubelet in started.kubelets():
@@ -42,7 +43,10 @@ def run_pod(cluster: AgentCluster, node: str, name: str, resource: str = IL) -> 
     """Create the pod in the API server, have the node's kubelet admit it; its device id."""
     pod = create_pod(client.CoreV1Api(cluster.kube.api_client), cluster.kube.namespace, name, node)
     result = cluster[node].kubelet.admit_pod(
-        cluster.kube.namespace, name, [{"name": "main", "requests": {resource: 1}}], uid=pod["metadata"]["uid"]
+        cluster.kube.namespace,
+        name,
+        [{"name": "main", "requests": {resource: 1}}],
+        uid=pod["metadata"]["uid"],
     )
     assert result.admitted, result.error
     [device] = result.container("main").devices[resource]
@@ -69,7 +73,9 @@ def test_a_deleted_pods_slot_is_free_and_offered_to_other_nodes_at_once(cluster)
     cluster.wait_for(lambda: cluster.usage(FOO0)[slot] == "", message="the slot free")
     assert time.monotonic() - started < 2.0  # Akri v0.13 needs 20-30 s here
     cluster["node-b"].kubelet.wait_devices(IL, lambda d: d[slot] == "Healthy")
-    run = cluster.wait_for(lambda: ReconcileRun.objects.filter(node="node-a", trigger="event", released=1).first())
+    run = cluster.wait_for(
+        lambda: ReconcileRun.objects.filter(node="node-a", trigger="event", released=1).first()
+    )
     assert run.scope == "node"
     assert SlotEvent.objects.filter(slot=slot, before="node-a", after="").exists()
 
@@ -96,7 +102,9 @@ def test_a_kubelet_restart_frees_nothing_and_reconciliation_goes_on(cluster):
     assert (run.released, run.errors) == (0, 0)
     assert cluster.usage(FOO0)[slot] == "node-a"
     end_pod(cluster, "node-a", "web-1")
-    cluster.wait_for(lambda: cluster.usage(FOO0)[slot] == "", message="the slot free after the restart")
+    cluster.wait_for(
+        lambda: cluster.usage(FOO0)[slot] == "", message="the slot free after the restart"
+    )
 
 
 def test_a_restarted_agent_frees_what_went_while_it_was_down_and_keeps_the_rest(cluster):
@@ -118,7 +126,23 @@ def test_a_restarted_agent_frees_what_went_while_it_was_down_and_keeps_the_rest(
         offline_grace=cluster.grace,
     ).start()
 
-    cluster.wait_for(lambda: cluster.usage(FOO0)[gone] == "", message="the slot of the deleted pod free")
-    cluster.wait_for(lambda: ReconcileRun.objects.filter(node="node-a", trigger="startup", released=1).exists())
+    cluster.wait_for(
+        lambda: cluster.usage(FOO0)[gone] == "", message="the slot of the deleted pod free"
+    )
+    cluster.wait_for(
+        lambda: ReconcileRun.objects.filter(node="node-a", trigger="startup", released=1).exists()
+    )
     assert cluster.usage(FOO0)[kept] == "node-a"
     assert bound(cluster, kept, "kept")
+
+
+def test_a_live_pods_slot_released_by_hand_is_claimed_back_without_waiting_for_a_sweep(cluster):
+    slot = run_pod(cluster, "node-a", "web-1")
+    cluster.wait_for(lambda: bound(cluster, slot, "web-1"))
+
+    ClaimStore(cluster.api, "user:ops").release(FOO0, slot, "node-a", cause=SlotEvent.Cause.MANUAL)
+
+    cluster.wait_for(lambda: cluster.usage(FOO0)[slot] == "node-a", message="the slot claimed back")
+    run = cluster.wait_for(lambda: ReconcileRun.objects.filter(node="node-a", restored=1).first())
+    assert run.trigger == "event"  # the Instance change, not a sweep (every 10 s)
+    assert f"{slot}: restored for {cluster.kube.namespace}/web-1" in run.detail

@@ -28,8 +28,17 @@ NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def node_body(name: str, ready: bool = True, since: datetime = NOW - timedelta(hours=1)) -> dict:
-    condition = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": since.isoformat()}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "status": {"conditions": [condition]}}
+    condition = {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "lastTransitionTime": since.isoformat(),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "status": {"conditions": [condition]},
+    }
 
 
 @pytest.fixture
@@ -130,7 +139,11 @@ def test_foreign_values_and_stray_keys_are_reported_and_left_alone(kube, api, co
     api.patch_instance(
         CAMS,
         [
-            {"op": "replace", "path": f"/spec/deviceUsage/{slot_key(CAMS, 1)}", "value": "C:node-a"},
+            {
+                "op": "replace",
+                "path": f"/spec/deviceUsage/{slot_key(CAMS, 1)}",
+                "value": "C:node-a",
+            },
             {"op": "add", "path": "/spec/deviceUsage/junk", "value": "x"},
         ],
     )
@@ -188,8 +201,12 @@ def redis_broker():
 def test_a_real_worker_frees_a_lost_nodes_slots(kube, api, world, settings, redis_broker):
     settings.AKRI = {**settings.AKRI, "KUBECONFIG": kube.kubeconfig}
 
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=[redis_broker], shutdown_timeout=20):
-        sent = tasks.reconcile_cluster.apply_async(kwargs={"namespace": kube.namespace}, queue=redis_broker)
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, queues=[redis_broker], shutdown_timeout=20
+    ):
+        sent = tasks.reconcile_cluster.apply_async(
+            kwargs={"namespace": kube.namespace}, queue=redis_broker
+        )
         run = kube.wait_for(
             lambda: ReconcileRun.objects.filter(task_id=sent.id).exclude(duration_ms=0).first(),
             timeout=20,

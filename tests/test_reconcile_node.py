@@ -8,6 +8,7 @@ import threading
 
 import pytest
 from kubernetes import client
+from prometheus_client import REGISTRY
 
 from agent.domain.naming import il_resource_name, slot_key
 from agent.kube.claims import ClaimStore
@@ -102,7 +103,9 @@ def causes(slot: str = KEY0) -> list[str]:
     return list(SlotEvent.objects.filter(slot=slot).order_by("id").values_list("cause", flat=True))
 
 
-def running(kube, reconciler: NodeReconciler, kubelet: FakePodResources, pod: str, key: str = KEY0) -> dict:
+def running(
+    kube, reconciler: NodeReconciler, kubelet: FakePodResources, pod: str, key: str = KEY0
+) -> dict:
     """A pod on node-a that Allocate gave ``key`` and the kubelet now lists."""
     obj = pod_object(kube.namespace, pod, "node-a")
     reconciler.on_pod_event("ADDED", obj)
@@ -113,26 +116,39 @@ def running(kube, reconciler: NodeReconciler, kubelet: FakePodResources, pod: st
 
 
 # --- pods going away, with the real pod watch ---------------------------------------------------
-def test_it_releases_a_slot_when_its_pod_is_deleted(kube, api, core, store, instance, kubelet, reconcilers):
+def test_it_releases_a_slot_when_its_pod_is_deleted(
+    kube, api, core, store, instance, kubelet, reconcilers
+):
     reconciler = reconcilers().start()
     create_pod(core, kube.namespace, "web-1", "node-a")
     create_pod(core, kube.namespace, "never-ready", "node-a")  # Pending: must not hold anything up
     allocate_il(reconciler, store, NAME, KEY0)
     kubelet.hold(kube.namespace, "web-1", RESOURCE, KEY0)
-    kube.wait_for(lambda: binding() and binding().pod_name == "web-1", message="the pod named by a learn pass")
+    kube.wait_for(
+        lambda: binding() and binding().pod_name == "web-1", message="the pod named by a learn pass"
+    )
 
     core.delete_namespaced_pod("web-1", kube.namespace)
     kubelet.drop(kube.namespace, "web-1")
 
     kube.wait_for(lambda: usage(api, NAME)[KEY0] == "", message="the slot free")
-    run = kube.wait_for(lambda: ReconcileRun.objects.filter(node="node-a", trigger="event", released=1).first())
+    run = kube.wait_for(
+        lambda: ReconcileRun.objects.filter(node="node-a", trigger="event", released=1).first()
+    )
     event = SlotEvent.objects.get(slot=KEY0, cause="reconcile")
-    assert (event.before, event.after, event.pod, event.run_id) == ("node-a", "", f"{kube.namespace}/web-1", run.pk)
+    assert (event.before, event.after, event.pod, event.run_id) == (
+        "node-a",
+        "",
+        f"{kube.namespace}/web-1",
+        run.pk,
+    )
     assert binding() is None
     assert Slot.objects.get(key=KEY0).value == ""
 
 
-def test_it_releases_a_slot_when_its_pod_terminates(kube, api, core, store, instance, kubelet, reconcilers):
+def test_it_releases_a_slot_when_its_pod_terminates(
+    kube, api, core, store, instance, kubelet, reconcilers
+):
     reconciler = reconcilers().start()
     create_pod(core, kube.namespace, "job-1", "node-a")
     allocate_il(reconciler, store, NAME, KEY0)
@@ -144,7 +160,7 @@ def test_it_releases_a_slot_when_its_pod_terminates(kube, api, core, store, inst
 
     kube.wait_for(lambda: causes() == ["allocate", "reconcile"], message="the release recorded")
     assert usage(api, NAME)[KEY0] == ""
-    assert binding() is None
+    kube.wait_for(lambda: binding() is None, message="the binding gone")  # written behind
 
 
 def test_the_dashboard_slot_shows_the_pod_that_holds_it(kube, store, instance, kubelet, direct):
@@ -158,7 +174,9 @@ def test_the_dashboard_slot_shows_the_pod_that_holds_it(kube, store, instance, k
 
 
 # --- the grace window ---------------------------------------------------------------------------
-def test_a_slot_whose_pod_never_shows_is_kept_for_the_grace_then_released(api, store, instance, direct, clock):
+def test_a_slot_whose_pod_never_shows_is_kept_for_the_grace_then_released(
+    api, store, instance, direct, clock
+):
     allocate_il(direct, store, NAME, KEY0)
 
     clock.advance(19)
@@ -174,7 +192,9 @@ def test_a_slot_whose_pod_never_shows_is_kept_for_the_grace_then_released(api, s
     assert event.run_id == late.pk and "after Allocate" in event.detail
 
 
-def test_a_pod_seen_within_the_grace_keeps_its_slot_for_good(kube, api, store, instance, kubelet, direct, clock):
+def test_a_pod_seen_within_the_grace_keeps_its_slot_for_good(
+    kube, api, store, instance, kubelet, direct, clock
+):
     allocate_il(direct, store, NAME, KEY0)
     running(kube, direct, kubelet, "web-1")
 
@@ -185,7 +205,9 @@ def test_a_pod_seen_within_the_grace_keeps_its_slot_for_good(kube, api, store, i
     assert usage(api, NAME)[KEY0] == "node-a"
 
 
-def test_a_known_pod_that_is_deleted_is_released_without_any_grace(kube, api, store, instance, kubelet, direct, clock):
+def test_a_known_pod_that_is_deleted_is_released_without_any_grace(
+    kube, api, store, instance, kubelet, direct, clock
+):
     allocate_il(direct, store, NAME, KEY0)
     pod = running(kube, direct, kubelet, "web-1")
 
@@ -196,7 +218,9 @@ def test_a_known_pod_that_is_deleted_is_released_without_any_grace(kube, api, st
 
 
 # --- seed 002's orderings -------------------------------------------------------------------------
-def test_allocate_after_delete_claims_the_freed_slot_afresh(kube, api, store, instance, kubelet, direct):
+def test_allocate_after_delete_claims_the_freed_slot_afresh(
+    kube, api, store, instance, kubelet, direct
+):
     allocate_il(direct, store, NAME, KEY0)
     old = running(kube, direct, kubelet, "old")
     direct.on_pod_event("DELETED", old)
@@ -210,7 +234,9 @@ def test_allocate_after_delete_claims_the_freed_slot_afresh(kube, api, store, in
     assert binding().pod_name == ""  # the new allocation, its pod not yet named
 
 
-def test_allocate_during_delete_waits_for_the_release_then_claims(kube, api, store, instance, kubelet, reconcilers):
+def test_allocate_during_delete_waits_for_the_release_then_claims(
+    kube, api, store, instance, kubelet, reconcilers
+):
     entered, proceed = threading.Event(), threading.Event()
 
     class SlowStore(ClaimStore):
@@ -220,7 +246,10 @@ def test_allocate_during_delete_waits_for_the_release_then_claims(kube, api, sto
             return super().release(*args, **kwargs)
 
     reconciler = reconcilers(
-        workers=0, watch_pods=False, read_pods=False, claims=SlowStore(AkriApi(kube.new_client(), kube.namespace), "agent:node-a")
+        workers=0,
+        watch_pods=False,
+        read_pods=False,
+        claims=SlowStore(AkriApi(kube.new_client(), kube.namespace), "agent:node-a"),
     )
     reconciler.on_pod_relist([])
     allocate_il(reconciler, store, NAME, KEY0)
@@ -230,7 +259,9 @@ def test_allocate_during_delete_waits_for_the_release_then_claims(kube, api, sto
     deleting.start()
     assert entered.wait(10)  # the release is under way, holding the Instance's lock
     allocated: list[str] = []
-    allocating = threading.Thread(target=lambda: allocated.append(allocate_il(reconciler, store, NAME, KEY0)))
+    allocating = threading.Thread(
+        target=lambda: allocated.append(allocate_il(reconciler, store, NAME, KEY0))
+    )
     allocating.start()
 
     proceed.set()
@@ -243,7 +274,9 @@ def test_allocate_during_delete_waits_for_the_release_then_claims(kube, api, sto
     assert binding().pod_name == ""
 
 
-def test_allocate_before_delete_keeps_the_slot_for_the_new_pod(kube, api, store, instance, kubelet, direct):
+def test_allocate_before_delete_keeps_the_slot_for_the_new_pod(
+    kube, api, store, instance, kubelet, direct
+):
     allocate_il(direct, store, NAME, KEY0)
     old = running(kube, direct, kubelet, "old")
     # The kubelet already let go of "old" and hands its device to "new"...
@@ -261,7 +294,9 @@ def test_allocate_before_delete_keeps_the_slot_for_the_new_pod(kube, api, store,
 
 
 # --- restore and conflicts ----------------------------------------------------------------------
-def test_a_manually_released_slot_of_a_live_pod_is_claimed_back(kube, api, store, instance, kubelet, direct):
+def test_a_manually_released_slot_of_a_live_pod_is_claimed_back(
+    kube, api, store, instance, kubelet, direct
+):
     allocate_il(direct, store, NAME, KEY0)
     running(kube, direct, kubelet, "web-1")
     ClaimStore(api, "user:ops").release(NAME, KEY0, "node-a", cause=SlotEvent.Cause.MANUAL)
@@ -276,7 +311,9 @@ def test_a_manually_released_slot_of_a_live_pod_is_claimed_back(kube, api, store
     assert binding().pod_name == "web-1"
 
 
-def test_a_device_in_use_here_but_held_by_another_node_is_a_conflict_never_taken(kube, api, instance, kubelet, direct):
+def test_a_device_in_use_here_but_held_by_another_node_is_a_conflict_never_taken(
+    kube, api, instance, kubelet, direct
+):
     ClaimStore(api, "agent:node-b").claim(NAME, KEY1, "node-b")
     direct.on_pod_event("ADDED", pod_object(kube.namespace, "web-1", "node-a"))
     kubelet.hold(kube.namespace, "web-1", RESOURCE, KEY1)
@@ -291,7 +328,9 @@ def test_a_device_in_use_here_but_held_by_another_node_is_a_conflict_never_taken
     assert "held by 'node-b'" in first.detail
 
 
-def test_a_configuration_level_slot_is_found_by_its_vdev(kube, api, store, instance, kubelet, direct):
+def test_a_configuration_level_slot_is_found_by_its_vdev(
+    kube, api, store, instance, kubelet, direct
+):
     allocate_cl(direct, store, NAME, KEY1, "cams", "cams-0")
     pod = pod_object(kube.namespace, "cl-1", "node-a")
     direct.on_pod_event("ADDED", pod)
@@ -302,6 +341,22 @@ def test_a_configuration_level_slot_is_found_by_its_vdev(kube, api, store, insta
     direct.on_pod_event("DELETED", pod)
 
     assert usage(api, NAME)[KEY1] == ""
+
+
+def test_a_restored_api_server_gets_a_live_pods_configuration_level_slot_back(
+    kube, api, store, instance, kubelet, direct
+):
+    allocate_cl(direct, store, NAME, KEY1, "cams", "cams-0")
+    direct.on_pod_event("ADDED", pod_object(kube.namespace, "cl-1", "node-a"))
+    kubelet.hold(kube.namespace, "cl-1", "akri.sh/cams", "cams-0")
+    direct.learn()
+    # A backup from before the claim: the slot is free again, only our binding knows the vdev.
+    ClaimStore(api, "user:ops").release(NAME, KEY1, "C:cams-0:node-a", cause=SlotEvent.Cause.MANUAL)
+
+    run = direct.sweep()
+
+    assert run.restored == 1
+    assert usage(api, NAME)[KEY1] == "C:cams-0:node-a"
 
 
 # --- restarts -------------------------------------------------------------------------------------
@@ -324,7 +379,9 @@ def test_a_restarted_agent_releases_slots_of_pods_deleted_while_it_was_down(
     assert usage(api, NAME)[KEY0] == ""
 
 
-def test_a_restarted_agent_keeps_live_pods_slots_and_their_bindings(kube, api, store, instance, kubelet, reconcilers, clock):
+def test_a_restarted_agent_keeps_live_pods_slots_and_their_bindings(
+    kube, api, store, instance, kubelet, reconcilers, clock
+):
     first = reconcilers(workers=0, watch_pods=False, read_pods=False, clock=clock)
     first.on_pod_relist([])
     allocate_il(first, store, NAME, KEY0)
@@ -359,7 +416,9 @@ def test_a_claim_the_agent_crashed_before_binding_is_adopted_and_freed_after_gra
     assert usage(api, NAME)[KEY0] == ""
 
 
-def test_an_unavailable_kubelet_frees_nothing_until_it_answers(kube, api, store, instance, kubelet, direct, clock):
+def test_an_unavailable_kubelet_frees_nothing_until_it_answers(
+    kube, api, store, instance, kubelet, direct, clock
+):
     allocate_il(direct, store, NAME, KEY0)
     running(kube, direct, kubelet, "web-1")
     allocate_il(direct, store, NAME, KEY1)  # its pod never shows
@@ -375,3 +434,20 @@ def test_an_unavailable_kubelet_frees_nothing_until_it_answers(kube, api, store,
     seeing = direct.sweep()
     assert (seeing.errors, seeing.released) == (0, 1)
     assert usage(api, NAME) == {KEY0: "node-a", KEY1: ""}
+
+
+def test_a_release_after_a_deletion_is_measured_and_counted(kube, store, instance, kubelet, direct):
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    latency = sample("akri_release_latency_seconds_count")
+    runs = sample("akri_reconcile_runs_total", scope="node", trigger="event")
+    released = sample("akri_reconcile_slots_total", scope="node", result="released")
+    allocate_il(direct, store, NAME, KEY0)
+    pod = running(kube, direct, kubelet, "web-1")
+
+    direct.on_pod_event("DELETED", pod)
+
+    assert sample("akri_release_latency_seconds_count") == latency + 1
+    assert sample("akri_reconcile_runs_total", scope="node", trigger="event") == runs + 1
+    assert sample("akri_reconcile_slots_total", scope="node", result="released") == released + 1

@@ -36,6 +36,16 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_agent_memory",
         "RSS of manage.py runagent serving 100 Instances",
     ),
+    "release": (
+        "agent.bench.reconcile",
+        "bench_release",
+        "pod deleted in the API server -> its slot free there, 200 pods through an agent",
+    ),
+    "sweep": (
+        "agent.bench.reconcile",
+        "bench_sweep",
+        "one node-local sweep over 500 Instances x 4 held slots in use",
+    ),
 }
 
 

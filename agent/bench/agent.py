@@ -5,8 +5,9 @@
   two interleaved in one run so both see the same background load.
 - ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
   list reaching the kubelet simulator of a node that did not make the change.
-- ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite, serving
-  100 Instances (100 IL plugins and one CL plugin); its RSS once all are registered.
+- ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite and
+  ``AKRI_AGENT_ONLY=true`` (no web stack), serving 100 Instances (100 IL plugins and one CL
+  plugin), slot reconciler on; its RSS once all are registered.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,13 +65,61 @@ class BenchNode:
 
 
 @contextmanager
-def agents(nodes: list[str]) -> Iterator[tuple[AkriApi, list[BenchNode], str]]:
-    """An API-server simulator, one CacheSync, and per node a kubelet simulator and an agent."""
+def apiserver_process(root: str) -> Iterator[str]:
+    """The API-server simulator in a process of its own, as a real API server is, so its
+    work does not share the agent's interpreter lock; yields a kubeconfig for it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = os.path.join(root, "kubeconfig")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent.simulator.apiserver",
+            f"--port={port}",
+            f"--kubeconfig={kubeconfig}",
+        ],
+        cwd=str(settings.BASE_DIR),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the API-server simulator did not start")
+            time.sleep(0.05)
+        while not os.path.exists(kubeconfig):
+            time.sleep(0.02)
+        time.sleep(0.1)  # the file is written in one go, but give it a moment to close
+        yield kubeconfig
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def agents(
+    nodes: list[str], *, reconcile: bool = False
+) -> Iterator[tuple[AkriApi, list[BenchNode], str]]:
+    """An API-server simulator (own process), one CacheSync, and per node a kubelet simulator
+    and an agent (in this process, as the one-process demo runs them)."""
     root = tempfile.mkdtemp(prefix="bn", dir="/tmp")
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     started: list[BenchNode] = []
-    with ApiServerSimulator() as sim:
-        kubeconfig = str(sim.write_kubeconfig(os.path.join(root, "kubeconfig")))
+    with apiserver_process(root) as kubeconfig:
         sync = CacheSync(new_api_client(kubeconfig), namespace, owner=f"bench-{namespace}")
         sync.start()
         sync.wait_synced()
@@ -91,6 +141,7 @@ def agents(nodes: list[str]) -> Iterator[tuple[AkriApi, list[BenchNode], str]]:
                     None,
                     handlers=handlers,
                     sync=sync,
+                    reconcile=reconcile,
                 ).start()
                 started.append(BenchNode(name, kubelet, agent))
             yield AkriApi(new_api_client(kubeconfig), namespace), started, kubeconfig
@@ -118,10 +169,18 @@ def _healthy(kubelet: KubeletSimulator, resource: str, count: int) -> None:
     )
 
 
-def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]:
-    ensure_migrated()
-    rounds = 100 if quick else 1000
-    with agents(["node-a"]) as (api, [node], kubeconfig):
+def _settle(agent: NodeAgent) -> None:
+    """Let the previous call's background work (cache writes, list updates, which the
+    plugins send a couple of milliseconds after a change) finish, so each timed call measures
+    itself rather than the tail of the one before."""
+    agent.sync.drain()
+    time.sleep(0.005)
+    agent.sync.drain()
+
+
+def _allocate_rounds(rounds: int, reconcile: bool) -> tuple[list[float], list[float]]:
+    """(Allocate ms, bare write ms), interleaved, after 20 untimed warm-up rounds."""
+    with agents(["node-a"], reconcile=reconcile) as (api, [node], kubeconfig):
         api.create_configuration(configuration(["foo0"]))
         name = _instance(api)
         resource = f"akri.sh/{name}"
@@ -136,19 +195,22 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
         )
         bare = AkriApi(new_api_client(kubeconfig), api.namespace)
         bare_key, bare_value = f"{name}-1", ""
+        agent = node.agent
         allocate_ms: list[float] = []
         bare_ms: list[float] = []
-        for i in range(rounds + 20):  # the first 20 warm up connections and code paths
+        for i in range(rounds + 20):
+            _settle(agent)
             started = time.perf_counter()
             stub.Allocate(request, timeout=10)
             elapsed = time.perf_counter() - started
-            agent = node.agent
+            # Untimed: free the slot again through the claim store, as the reconciler would.
             agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
             new = "" if bare_value else "node-x"
             ops = [
                 {"op": "test", "path": f"/spec/deviceUsage/{bare_key}", "value": bare_value},
                 {"op": "replace", "path": f"/spec/deviceUsage/{bare_key}", "value": new},
             ]
+            _settle(agent)
             bare_started = time.perf_counter()
             bare.custom.patch_namespaced_custom_object(
                 "akri.sh", "v0", api.namespace, "instances", name, ops, _content_type=JSON_PATCH
@@ -159,12 +221,26 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
                 allocate_ms.append(elapsed * 1000)
                 bare_ms.append(bare_elapsed * 1000)
         channel.close()
+    return allocate_ms, bare_ms
+
+
+def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    """As runagent runs (slot reconciler on, its Allocate hook included), then without the
+    reconciler, each with its own bare baseline from the same run."""
+    ensure_migrated()
+    rounds = 100 if quick else 1000
+    allocate_ms, bare_ms = _allocate_rounds(rounds, reconcile=True)
+    plain_ms, plain_bare_ms = _allocate_rounds(rounds, reconcile=False)
     p50, bare_p50 = percentile(allocate_ms, 50), percentile(bare_ms, 50)
+    plain_p50, plain_bare_p50 = percentile(plain_ms, 50), percentile(plain_bare_ms, 50)
     return {
         "p50_ms": p50,
         "p99_ms": percentile(allocate_ms, 99),
         "bare_p50_ms": bare_p50,
         "ratio_p50": p50 / bare_p50,
+        "no_reconciler_p50_ms": plain_p50,
+        "no_reconciler_p99_ms": percentile(plain_ms, 99),
+        "no_reconciler_ratio_p50": plain_p50 / plain_bare_p50,
         "rounds": rounds,
     }
 
@@ -220,6 +296,8 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
                 AKRI_NAMESPACE=namespace,
                 DATABASE_URL="",
                 LOG_LEVEL="WARNING",
+                # As the agent's DaemonSet runs it: no web stack loaded (see settings).
+                AKRI_AGENT_ONLY="true",
             )
             subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True)
             kubelet.start()

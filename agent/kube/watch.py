@@ -232,6 +232,8 @@ class CacheSync:
         self._queue: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         # resourceVersions the watch delivered lately, per Instance (bounded).
         self._watched: dict[str, deque[str]] = {}
+        # The last version per Instance that submit_direct applied and announced.
+        self._direct_rv: dict[str, str] = {}
         custom = client.CustomObjectsApi(api_client)
         self.configurations = ResourceWatcher(
             owner=owner,
@@ -330,6 +332,7 @@ class CacheSync:
         if rv in self._watched.get(name, ()):
             return  # the watch already brought this version (or a newer one) in
         cache.apply_instance(obj, attributions, direct=True)
+        self._direct_rv[name] = rv
         self._notify("instance", name, obj)
 
     # --- handlers ---------------------------------------------------------------------------
@@ -359,8 +362,10 @@ class CacheSync:
         row, applied = cache.apply_instance(obj)
         # The echo of a write some other claim store applied inline (one without this sync:
         # the admin's manual release in the one-process demo, a test) changes no row, but
-        # subscribers have not heard of that write: tell them now.
-        echo = row.resource_version == obj["metadata"].get("resourceVersion")
+        # subscribers have not heard of that write: tell them now. (Writes that came through
+        # submit_direct were announced when applied.)
+        rv = obj["metadata"].get("resourceVersion")
+        echo = row.resource_version == rv and self._direct_rv.get(name) != rv
         if applied or echo:
             self._notify("instance", name, obj)
 

@@ -65,7 +65,14 @@ from agent.node.il import InstancePlugin
 from agent.node.instances import DesiredInstance, InstanceWriteError, InstanceWriter
 from agent.node.loop import LoopThread
 from agent.node.plugin import KUBELET_SOCKET, DevicePlugin, socket_inode
-from agent.node.view import ClusterView, ConfigEntry, config_of, is_deleting, nodes_of
+from agent.node.view import (
+    ClusterView,
+    ConfigEntry,
+    Update,
+    config_of,
+    is_deleting,
+    nodes_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +110,22 @@ def default_handlers(debug_echo_availability: str = DEFAULT_AVAILABILITY_PATH) -
 
 
 class NodeAgent:
-    """One node's agent. ``start()`` returns once everything runs; ``stop()`` undoes it all."""
+    """One node's agent. ``start()`` returns once everything runs; ``stop()`` undoes it all.
+
+    - ``plugin_dir``: the kubelet's device-plugin directory (``kubelet.sock`` and our sockets);
+      ``kubelet_socket`` overrides where Register goes (default ``<plugin_dir>/kubelet.sock``).
+    - ``pod_resources_socket``: the kubelet's PodResources, for the slot reconciler.
+    - ``registration_socket``: where Akri's external discovery handlers register (None: none).
+    - ``handlers``: the discovery handlers (default: debugEcho and udev); external ones join
+      the same registry.
+    - ``sync``: a running CacheSync to share (exactly one per database and namespace); without
+      one the agent runs its own.
+    - ``offline_grace``: seconds a shared device may go undiscovered before this node leaves
+      its Instance (unshared: at once).
+    - ``reconciler_factory(agent)``: builds the slot reconciler (``on_allocated``, ``start``,
+      ``stop``, optionally ``serialized(*instances)``); by default ``agent.node.reconcile``'s
+      when a PodResources socket is given. ``reconcile=False`` runs none.
+    """
 
     def __init__(
         self,
@@ -118,6 +140,7 @@ class NodeAgent:
         *,
         offline_grace: float = 300.0,
         reconciler_factory: Callable[[NodeAgent], Reconciler] | None = None,
+        reconcile: bool = True,
         restart_poll: float = 0.5,
         blocking_workers: int = 8,
         claim_workers: int = 4,
@@ -146,6 +169,7 @@ class NodeAgent:
         self.register_slots = asyncio.Semaphore(8)  # concurrent Register calls per agent
         self.reconciler: Reconciler | None = None
         self._reconciler_factory = reconciler_factory
+        self._reconcile = reconcile
         self._writer = InstanceWriter(self.api, node_name, self._written, self._deleted)
         self._registration: RegistrationServer | None = None
         self._lock = threading.Lock()  # guards the dicts below
@@ -156,7 +180,7 @@ class NodeAgent:
         self._dirty: set[str] = set()
         self._lifecycle: set[Future] = set()  # plugin starts and stops under way
         self._deadlines: dict[str, float] = {}  # configuration -> re-check at
-        self._discovery: dict[str, ConfigDiscovery] = {}  # worker thread only
+        self._discovery: dict[str, ConfigDiscovery] = {}  # written by the worker only
         self._said: dict[str, str] = {}  # last log line per topic, so repeats stay quiet
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
@@ -170,23 +194,27 @@ class NodeAgent:
         self.sync.subscribe(self._on_sync)
         self.handlers.add_listener(self._on_handler)
         self._load_from_cache()
+        if self._own_sync:
+            self.sync.start()
+        # The reconciler runs before any plugin can take an Allocate, so it sees every claim.
+        self._start_reconciler()
         if self.registration_socket:
             self._registration = RegistrationServer(self.handlers, self.registration_socket).start()
         self._monitor = self.loop.submit(self._watch_kubelet())
         self._worker.start()
-        if self._own_sync:
-            self.sync.start()
-        factory = self._reconciler_factory
-        if factory is None and self.pod_resources_socket:
-            # Slot reconciliation needs the kubelet's PodResources: on by default with it.
-            from agent.node.reconcile import reconciler_for as factory
-        if factory is not None:
-            self.reconciler = factory(self)
-            self.reconciler.start()
         self.started = True
         self._mark_all()
         log.info("agent for node %s started (namespace %s)", self.node_name, self.namespace)
         return self
+
+    def _start_reconciler(self) -> None:
+        factory = self._reconciler_factory
+        if factory is None and self._reconcile and self.pod_resources_socket:
+            # Slot reconciliation needs the kubelet's PodResources: on by default with it.
+            from agent.node.reconcile import reconciler_for as factory
+        if factory is not None and self._reconcile:
+            self.reconciler = factory(self)
+            self.reconciler.start()
 
     def stop(self) -> None:
         """Stop everything this agent started: plugin sockets removed, streams ended."""
@@ -270,8 +298,9 @@ class NodeAgent:
         except Exception as exc:
             log.debug("refreshing %s failed: %s", name, exc)
             return
-        if self.view.put_instance(obj):
-            self._instance_changed(obj)
+        update = self.view.put_instance(obj)
+        if update is not None:
+            self._instance_changed(update)
 
     # --- what the cluster says ----------------------------------------------------------------
     def _on_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
@@ -311,17 +340,23 @@ class NodeAgent:
             return
         if obj is None:
             self._instance_gone(name)
-        elif self.view.put_instance(obj):
-            self._instance_changed(obj)
+        else:
+            update = self.view.put_instance(obj)
+            if update is not None:
+                self._instance_changed(update)
 
-    def _instance_changed(self, obj: dict[str, Any]) -> None:
+    def _instance_changed(self, update: Update) -> None:
+        obj = update.current
         name, configuration = obj["metadata"]["name"], config_of(obj)
         with self._lock:
             plugins = [self._il.get(name), self._cl.get(configuration)]
         for plugin in plugins:
             if plugin is not None:
                 plugin.notify()
-        self._mark(configuration)
+        # A slot value alone changes health, which the plugins just took care of; the worker
+        # is for joining, leaving and following the Configuration.
+        if update.lifecycle_changed:
+            self._mark(configuration)
 
     def _instance_gone(self, name: str, rv: str = "") -> None:
         obj = self.view.drop_instance(name, rv)
@@ -364,10 +399,12 @@ class NodeAgent:
 
     # --- our own writes -----------------------------------------------------------------------
     def _claim_applied(self, obj: dict[str, Any]) -> None:
-        """The claim store wrote (and cached) ``obj``: update the view, tell the other agents."""
-        if self.view.put_instance(obj):
-            self._instance_changed(obj)
-        self.sync.applied_directly(obj)
+        """The claim store wrote ``obj``: our view takes it now. The cache and every other
+        subscriber of the sync (other agents in this process) get it from the sync's applier,
+        off the Allocate's path."""
+        update = self.view.put_instance(obj)
+        if update is not None:
+            self._instance_changed(update)
 
     def _written(self, obj: dict[str, Any]) -> None:
         """An Instance write of ours: into the cache in order with the watch, and the view."""
@@ -495,12 +532,14 @@ class NodeAgent:
             self._later(name, time.monotonic() + RETRY_SECONDS * 15)
             return None
         self._said.pop(name, None)
-        self._discovery[name] = session
+        with self._lock:
+            self._discovery[name] = session
         log.info("discovery for %s started with handler %s", name, spec.handler_name)
         return session
 
     def _stop_discovery(self, name: str) -> None:
-        session = self._discovery.pop(name, None)
+        with self._lock:
+            session = self._discovery.pop(name, None)
         if session is not None:
             session.stop()
 

@@ -29,7 +29,7 @@ from agent.domain.naming import cl_resource_name
 from agent.domain.slots import format_cl
 from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot
 from agent.node.il import claim_refusal
-from agent.node.plugin import AllocateRefused, DevicePlugin
+from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
 
@@ -76,7 +76,7 @@ class ConfigurationPlugin(DevicePlugin):
         return response
 
     # --- Allocate ---------------------------------------------------------------------------
-    def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+    def allocate(self, request: dp.AllocateRequest, respond: Respond) -> None:
         if not request.container_requests:
             raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
         instances = [o["metadata"]["name"] for o in self.agent.view.instances(self.configuration)]
@@ -92,7 +92,10 @@ class ConfigurationPlugin(DevicePlugin):
                         instance, key, value, "the same Allocate was refused"
                     )
                 raise
-            return self._answer(request, plans)
+            respond(self._answer(plans))
+            for container, plan in zip(request.container_requests, plans, strict=True):
+                for (instance, key, value), vdev in zip(plan, container.devices_ids, strict=True):
+                    self.agent.allocated(instance, key, value, vdev, self.resource_name)
 
     def _allocate_container(self, vdevs: list[str], made: list[Claim]) -> list[Claim]:
         if not vdevs:
@@ -166,13 +169,12 @@ class ConfigurationPlugin(DevicePlugin):
             current=self.agent.view.instance(instance),
         )
 
-    def _answer(self, request: dp.AllocateRequest, plans: list[list[Claim]]) -> dp.AllocateResponse:
+    def _answer(self, plans: list[list[Claim]]) -> dp.AllocateResponse:
         response = dp.AllocateResponse()
-        for container, plan in zip(request.container_requests, plans, strict=True):
+        for plan in plans:
             grants = []
-            for (instance, key, value), vdev in zip(plan, container.devices_ids, strict=True):
+            for instance, key, value in plan:
                 obj = self.agent.view.instance(instance) or {"metadata": {"name": instance}}
                 grants.append(Granted(obj, self.agent.device_of(instance), key, value))
-                self.agent.allocated(instance, key, value, vdev, self.resource_name)
             response.container_responses.append(container_response(grants, self.configuration))
         return response

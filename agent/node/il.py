@@ -19,7 +19,7 @@ import grpc
 from agent.domain.naming import il_resource_name
 from agent.domain.slots import InstanceState, format_il, il_devices
 from agent.kube.claims import ClaimStoreError, InstanceGone, SlotTaken, UnknownSlot
-from agent.node.plugin import AllocateRefused, DevicePlugin
+from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.node.view import config_of
 from agent.protos import deviceplugin_pb2 as dp
@@ -66,12 +66,13 @@ class InstancePlugin(DevicePlugin):
         return il_devices(state.name, state.capacity, state.device_usage, self.agent.node_name)
 
     # --- Allocate ---------------------------------------------------------------------------
-    def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+    def allocate(self, request: dp.AllocateRequest, respond: Respond) -> None:
         obj = self._current()
         self._check_ids(request, obj)
         wanted = format_il(self.agent.node_name)
         claimed: list[str] = []
-        # The reconciler must not act on this Instance between our claim and its binding.
+        # The reconciler must not act on this Instance between our claim and its binding; the
+        # kubelet has its answer before the binding is written, the lock still held.
         with self.agent.serialized(self.instance):
             try:
                 for container in request.container_requests:
@@ -82,7 +83,10 @@ class InstancePlugin(DevicePlugin):
             except AllocateRefused:
                 self._roll_back(claimed, wanted)
                 raise
-            return self._answer(request, obj, wanted)
+            respond(self._answer(request, obj, wanted))
+            for container in request.container_requests:
+                for key in dict.fromkeys(container.devices_ids):
+                    self.agent.allocated(self.instance, key, wanted, key, self.resource_name)
 
     def _current(self) -> dict[str, Any]:
         obj = self.agent.view.instance(self.instance)
@@ -137,6 +141,4 @@ class InstancePlugin(DevicePlugin):
             keys = list(dict.fromkeys(container.devices_ids))
             grants = [Granted(obj, device, key, wanted) for key in keys]
             response.container_responses.append(container_response(grants))
-            for key in keys:
-                self.agent.allocated(self.instance, key, wanted, key, self.resource_name)
         return response

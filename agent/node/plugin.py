@@ -12,7 +12,9 @@ A kubelet restart wipes the sockets and listens on a new ``kubelet.sock``; the a
 then calls ``restart()``: a new socket and a new registration.
 
 Subclasses say what the devices are and how Allocate claims them (``il``, ``cl``). Allocate's
-blocking work (claims through the API server) runs in the loop's thread pool.
+blocking work (claims through the API server) runs in the loop's thread pool, and the answer
+leaves as soon as the claims stand: the reconciler's bookkeeping happens after it, still under
+the reconciler's per-Instance lock, so no reconcile action can come in between.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -42,9 +45,13 @@ REGISTER_TIMEOUT = 15.0  # the kubelet's own dial back to us may take up to 10 s
 REGISTER_RETRY_MAX = 2.0
 STOP_GRACE = 0.5
 REGISTER_FINISH_WAIT = 1.0
+NOTIFY_DELAY = 0.002
 # The kubelet (grpc-go) accepts the %-encoded socket path C-core sends as :authority; stricter
 # servers do not, and the kubelet itself dials plugins with "localhost".
 CHANNEL_OPTIONS = [("grpc.default_authority", "localhost")]
+
+
+Respond = Callable[[dp.AllocateResponse], None]
 
 
 class AllocateRefused(Exception):
@@ -95,6 +102,7 @@ class DevicePlugin:
         self._changed = asyncio.Event()
         self._stopping = False
         self._in_register = False
+        self._wake_pending = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.resource_name} {self.socket_path or '(not serving)'}>"
@@ -107,8 +115,9 @@ class DevicePlugin:
         """(kubelet device id, health) as of now."""
         raise NotImplementedError
 
-    def allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
-        """Blocking; raises AllocateRefused."""
+    def allocate(self, request: dp.AllocateRequest, respond: Respond) -> None:
+        """Blocking. Claims, then ``respond(answer)`` (the kubelet gets it at once), then
+        anything that may follow the answer; raises AllocateRefused before responding."""
         raise NotImplementedError
 
     def preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
@@ -149,11 +158,20 @@ class DevicePlugin:
         log.info("%s: plugin stopped", self.resource_name)
 
     def notify(self) -> None:
-        """Something the device list depends on changed (thread-safe)."""
-        self.agent.loop.call_soon(self._wake)
+        """Something the device list depends on changed (thread-safe).
+
+        The streams wake a moment later: changes arriving together (an Allocate's claims, a
+        burst of watch events) make one update, and an Allocate's answer leaves first."""
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.agent.loop.call_soon(self._wake_soon)
+
+    def _wake_soon(self) -> None:
+        asyncio.get_running_loop().call_later(NOTIFY_DELAY, self._wake)
 
     def _wake(self) -> None:
         # Waiters hold the old event; a fresh one catches the next change.
+        self._wake_pending = False
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
@@ -204,6 +222,11 @@ class DevicePlugin:
         delay, failures = 0.1, 0
         endpoint = os.path.basename(self.socket_path)
         while not self._stopping:
+            if socket_inode(self.socket_path) != self.inode:
+                # A (re)starting kubelet wiped our socket: the kubelet watcher re-serves us on
+                # a new one; registering this one would leave the kubelet dialling nothing.
+                await asyncio.sleep(delay)
+                continue
             try:
                 async with self.agent.register_slots:
                     self._in_register = True
@@ -254,8 +277,26 @@ class DevicePlugin:
 
     async def allocate_rpc(self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext):
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+
+        def respond(response: dp.AllocateResponse) -> None:
+            loop.call_soon_threadsafe(_settle, answer, response, None)
+
+        def work() -> None:
+            try:
+                self.allocate(request, respond)
+            except BaseException as exc:
+                if answer.done():  # after the answer: the kubelet is not told, the log is
+                    log.exception("%s: after answering Allocate", self.resource_name)
+                loop.call_soon_threadsafe(_settle, answer, None, exc)
+            else:
+                error = RuntimeError("the plugin gave no answer")
+                loop.call_soon_threadsafe(_settle, answer, None, error)
+
+        loop.run_in_executor(self.agent.loop.blocking, work)
         try:
-            return await self.agent.loop.in_pool(self.allocate, request)
+            return await answer
         except AllocateRefused as exc:
             log.warning(
                 "%s: Allocate %s refused: %s", self.resource_name, _ids(request), exc.message
@@ -266,6 +307,16 @@ class DevicePlugin:
             await context.abort(grpc.StatusCode.UNKNOWN, f"Allocate failed: {exc}")
         finally:
             metrics.ALLOCATE_SECONDS.labels(self.level).observe(time.perf_counter() - started)
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    """The first outcome wins; later ones (a failure after answering) are dropped."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _ids(request: dp.AllocateRequest) -> list[list[str]]:

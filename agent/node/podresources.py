@@ -54,16 +54,20 @@ class PodResourcesClient:
 
     def list(self) -> list[DeviceUse]:
         """Every ``akri.sh/*`` device id held by an active pod on this node."""
-        stub = self._connect()
-        try:
-            answer = stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                # A restarted kubelet listens on a new inode: dial afresh next time rather
-                # than wait out the channel's reconnect backoff.
-                self.close()
-            raise PodResourcesUnavailable(f"{err.code().name}: {err.details()}") from None
-        return uses_of(answer)
+        for attempt in (1, 2):
+            stub = self._connect()
+            try:
+                answer = stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    # A restarted kubelet listens on a new inode: dial afresh (once, now)
+                    # rather than wait out the old channel's reconnect backoff.
+                    self.close()
+                    if attempt == 1:
+                        continue
+                raise PodResourcesUnavailable(f"{err.code().name}: {err.details()}") from None
+            return uses_of(answer)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         with self._lock:

@@ -29,7 +29,10 @@ That decides seed 002's orderings: a delete handled before the claim frees the s
 claim takes it fresh; a claim of a slot still held for the dead pod ("already ours") re-binds
 the slot to the new allocation, so the delete that follows finds no binding naming its pod.
 
-Writes go through the claim store (conditional, with events linked to a ``ReconcileRun``).
+Writes to the API server go through the claim store (conditional, with events linked to a
+``ReconcileRun``). The map lives in memory and is written to the database behind, in order, by
+one thread: on SQLite every writer waits on every other, and a deleted pod's release should
+not. Releases triggered by pod events within a second share one run row for the same reason.
 Errors are temporary (the kubelet or API server could not answer: keep the books and retry at
 the next pass) or permanent (recorded in the run's detail and counted as errors).
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import queue
 import threading
 import time
 from collections import defaultdict
@@ -50,6 +54,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections
+from django.db.models import Q
 from django.utils import timezone
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -57,7 +62,7 @@ from urllib3.exceptions import HTTPError
 
 from agent import metrics
 from agent.domain.naming import cl_resource_name, il_resource_name, slot_index
-from agent.domain.slots import UsageKind, format_cl, format_il, parse_usage
+from agent.domain.slots import InstanceState, UsageKind, format_cl, format_il, parse_usage
 from agent.kube import cache
 from agent.kube.claims import (
     ClaimStore,
@@ -76,6 +81,7 @@ from agent.node.podresources import (
     PodResourcesClient,
     PodResourcesUnavailable,
 )
+from agent.node.view import is_older
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,8 @@ LEARN_MAX_DELAY = 1.0
 # Tombstones of deleted pods are kept this long (latency metric, GONE without a GET).
 TOMBSTONE_SECONDS = 3600.0
 DETAIL_LINES = 60
+# Event-triggered releases within this long of the first share one run.
+EVENT_RUN_SECONDS = 1.0
 
 
 # --- facts and the rule ---------------------------------------------------------------------
@@ -241,6 +249,9 @@ class PodIndex:
         info = PodInfo.from_object(obj)
         key = (info.namespace, info.name)
         with self._lock:
+            # A pod of this name alive again: "gone" by name alone no longer applies.
+            if kind != "DELETED" and not info.terminated:
+                self._gone.pop((info.namespace, info.name, ""), None)
             if kind == "DELETED":
                 current = self._pods.get(key)
                 if current is None or current.uid == info.uid:
@@ -269,6 +280,7 @@ class PodIndex:
     def _bury(self, info: PodInfo) -> None:
         now = time.monotonic()
         self._gone.setdefault((info.namespace, info.name, info.uid), now)
+        self._gone.setdefault((info.namespace, info.name, ""), now)  # for bindings without UID
         if len(self._gone) > 4096:
             self._gone = {k: t for k, t in self._gone.items() if now - t < TOMBSTONE_SECONDS}
 
@@ -299,6 +311,8 @@ class RunBook:
     lines: list[str] = field(default_factory=list)
     row: ReconcileRun | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _reported: dict[str, int] = field(default_factory=dict, repr=False)
+    _finished: bool = False
 
     def ensure_row(self) -> ReconcileRun:
         with self._lock:
@@ -326,34 +340,55 @@ class RunBook:
         return bool(self.released or self.restored or self.conflicts or self.errors)
 
     def finish(self) -> ReconcileRun | None:
+        """Write the counts to the row. May be called again while a burst run is still
+        collecting (see ``NodeReconciler._burst_book``); metrics count only what is new."""
         if not (self.always or self.eventful or self.row is not None):
             return None
         row = self.ensure_row()
-        lines = self.lines[:DETAIL_LINES]
-        if len(self.lines) > DETAIL_LINES:
-            lines.append(f"... and {len(self.lines) - DETAIL_LINES} more")
-        fields = {
-            "duration_ms": (time.perf_counter() - self.t0) * 1000,
-            "checked": self.checked,
-            "released": self.released,
-            "restored": self.restored,
-            "conflicts": self.conflicts,
-            "errors": self.errors,
-            "detail": "\n".join(lines),
-        }
+        with self._lock:
+            lines = self.lines[:DETAIL_LINES]
+            if len(self.lines) > DETAIL_LINES:
+                lines.append(f"... and {len(self.lines) - DETAIL_LINES} more")
+            fields = {
+                "duration_ms": (time.perf_counter() - self.t0) * 1000,
+                "checked": self.checked,
+                "released": self.released,
+                "restored": self.restored,
+                "conflicts": self.conflicts,
+                "errors": self.errors,
+                "detail": "\n".join(lines),
+            }
+            new = {
+                result: getattr(self, name) - self._reported.get(result, 0)
+                for result, name in _RESULTS.items()
+            }
+            self._reported = {result: getattr(self, name) for result, name in _RESULTS.items()}
+            first = not self._finished
+            self._finished = True
         ReconcileRun.objects.filter(pk=row.pk).update(**fields)
         for name, value in fields.items():
             setattr(row, name, value)
-        metrics.RECONCILE_RUNS.labels("node", self.trigger).inc()
-        for result, n in (
-            ("released", self.released),
-            ("restored", self.restored),
-            ("conflict", self.conflicts),
-            ("error", self.errors),
-        ):
+        if first:
+            metrics.RECONCILE_RUNS.labels("node", self.trigger).inc()
+        for result, n in new.items():
             if n:
                 metrics.RECONCILE_SLOTS.labels("node", result).inc(n)
         return row
+
+
+_RESULTS = {
+    "released": "released",
+    "restored": "restored",
+    "conflict": "conflicts",
+    "error": "errors",
+}
+
+
+@dataclass(frozen=True)
+class SlotRow:
+    instance: str
+    value: str
+    shown_pod: str  # Slot.pod_name, as the dashboard shows it
 
 
 @dataclass(frozen=True)
@@ -366,9 +401,6 @@ class Snapshot:
 
 
 # --- the engine -----------------------------------------------------------------------------
-PodReader = Callable[[str, str], "PodInfo | None"]
-
-
 class NodeReconciler:
     """Slot reconciliation for one node and namespace. See the module docstring."""
 
@@ -419,15 +451,24 @@ class NodeReconciler:
         self._bindings: dict[str, Binding] = {}
         self._bindings_guard = threading.Lock()
         self._conflicts_reported: set[tuple[str, str, str]] = set()
-        self._executor = (
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"reconcile-{node}")
-            if workers
-            else None
-        )
+        # Two pools so that a handler waiting on per-Instance work never starves it: handlers
+        # (pod-gone drains, relist releases) go to the first, per-Instance actions to the second.
+        self._executor = self._pool(workers, f"reconcile-{node}")
+        self._group_pool = self._pool(workers, f"reconcile-{node}-act")
         self._workers = workers
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._targets: set[str] = set()  # slots a targeted pass should look at
+        self._gone: list[PodInfo] = []  # pods ended, waiting for _drain_gone
+        self._gone_guard = threading.Lock()
+        self._burst: RunBook | None = None
+        self._writes: queue.SimpleQueue | None = queue.SimpleQueue() if workers else None
+        self._writer: threading.Thread | None = None
+        if self._writes is not None:
+            self._writer = threading.Thread(
+                target=self._write_behind, name=f"reconcile-{node}-writes", daemon=True
+            )
+            self._writer.start()
         self._targets_guard = threading.Lock()
         self._learn_delay = LEARN_FIRST_DELAY
         self._learn_due: float | None = None
@@ -473,9 +514,13 @@ class NodeReconciler:
             self._watcher.stop()
         for thread in self._threads:
             thread.join(timeout=10)
-        if self._executor is not None:
-            self._close_pool_connections()
-            self._executor.shutdown(wait=True)
+        for pool in (self._executor, self._group_pool):
+            if pool is not None:
+                self._close_pool_connections(pool)
+                pool.shutdown(wait=True)
+        if self._writes is not None and self._writer is not None:
+            self._writes.put(None)  # after everything queued so far
+            self._writer.join(timeout=30)
         close = getattr(self.pod_resources, "close", None)
         if close is not None:
             close()
@@ -485,7 +530,11 @@ class NodeReconciler:
         thread.start()
         self._threads.append(thread)
 
-    def _close_pool_connections(self) -> None:
+    @staticmethod
+    def _pool(workers: int, name: str) -> ThreadPoolExecutor | None:
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) if workers else None
+
+    def _close_pool_connections(self, pool: ThreadPoolExecutor) -> None:
         # Pool threads hold their own database connections: close them from those threads.
         barrier = threading.Barrier(self._workers)
 
@@ -495,7 +544,7 @@ class NodeReconciler:
             connections.close_all()
 
         for _ in range(self._workers):
-            self._executor.submit(close)
+            pool.submit(close)
 
     def _loop(self) -> None:
         """Start-up pass, then sweeps on the interval, learn passes and targeted passes."""
@@ -575,8 +624,6 @@ class NodeReconciler:
                 resource_name=resource_name,
                 allocated_at=self.clock(),
             )
-            if self._binding(slot_key) is not None:
-                binding = self._binding(slot_key)
             self._save_binding(binding)
             self._show_pod(instance, slot_key, None)
         self._schedule_learn(reset=True)
@@ -586,9 +633,31 @@ class NodeReconciler:
         """A watch event for a pod on this node."""
         info = self.pods.apply(kind, obj)  # tombstones carry the time seen (latency metric)
         if kind == "DELETED" or info.terminated:
-            self._submit(self.release_pods, [info])
+            with self._gone_guard:
+                self._gone.append(info)
+            self._submit(self._drain_gone)
         elif self._has_unnamed():
             self._schedule_learn()
+
+    def _drain_gone(self) -> None:
+        """Release what every pod gone so far held. Pods tend to end together (a Job, a
+        rollout): their releases share one run for up to EVENT_RUN_SECONDS, so only the first
+        of a burst writes a run row before its API call (SQLite writers queue on each other)."""
+        with self._gone_guard:
+            pods, self._gone = self._gone, []
+        if pods:
+            book = self._burst_book()
+            self.release_pods(pods, book=book, finish=False)
+            self._persist(book.finish)
+
+    def _burst_book(self) -> RunBook:
+        with self._gone_guard:
+            book = self._burst
+            if book is None or time.perf_counter() - book.t0 > EVENT_RUN_SECONDS:
+                book = self._burst = RunBook(
+                    self.node, ReconcileRun.Trigger.EVENT, self.clock(), always=True
+                )
+            return book
 
     def on_pod_relist(self, objects: list[dict[str, Any]]) -> None:
         """The pod watch (re)listed: pods bound here but absent from the list (deleted while
@@ -606,35 +675,42 @@ class NodeReconciler:
             self._submit(self.release_pods, pods, trigger)
 
     def release_pods(
-        self, pods: list[PodInfo], trigger: str = ReconcileRun.Trigger.EVENT
+        self,
+        pods: list[PodInfo],
+        trigger: str = ReconcileRun.Trigger.EVENT,
+        book: RunBook | None = None,
+        finish: bool = True,
     ) -> ReconcileRun | None:
         """Release every slot bound to these pods (deleted or terminated). A run row is
         written only when they held slots."""
         slots = [b for b in self.bindings() if any(self._names_pod(b, pod) for pod in pods)]
         if not slots:
             return None
-        book = RunBook(self.node, trigger, self.clock(), always=True)
+        book = book or RunBook(self.node, trigger, self.clock(), always=True)
+        book.ensure_row()
+        by_instance: dict[str, list[Binding]] = defaultdict(list)
         for binding in slots:
-            book.checked += 1
-            with self._lock(binding.instance):
-                current = self._binding(binding.slot)
-                if current is None or not any(self._names_pod(current, pod) for pod in pods):
-                    continue  # re-bound by an Allocate that came first: not this pod's any more
-                value = self._cached_value(current.instance, current.slot)
-                decision = decide(
-                    node=self.node,
-                    slot=current.slot,
-                    value=value,
-                    binding=current,
-                    use=None,
-                    use_state=PodState.GONE,
-                    bound_state=PodState.GONE,
-                    listed_at=None,
-                    now=self.clock(),
-                    grace=self.grace,
-                )
-                self._act(book, current.instance, current.slot, value, decision, None, current)
-        return book.finish()
+            by_instance[binding.instance].append(binding)
+
+        def release(instance: str, bindings: list[Binding]) -> None:
+            with self._lock(instance):
+                for binding in bindings:
+                    book.count("checked")
+                    current = self._binding(binding.slot)
+                    if current is None or not any(self._names_pod(current, p) for p in pods):
+                        continue  # re-bound by an Allocate that came first: not this pod's now
+                    # No cache read first: the conditional write is the check, and this is
+                    # the path a deleted pod's slot waits on.
+                    expected = wanted_value(current.slot, current.device_id, self.node)
+                    why = f"pod {current.pod} is gone"
+                    try:
+                        self._release(book, instance, current.slot, expected, why, current)
+                    except Exception as exc:  # one slot's surprise must not stop the others
+                        log.exception("%s: releasing %s failed", self.node, current.slot)
+                        book.count("errors", f"{current.slot}: {exc}")
+
+        self._run_grouped(by_instance, release)
+        return book.finish() if finish else book.row
 
     def _names_pod(self, binding: Binding, pod: PodInfo) -> bool:
         if (binding.pod_namespace, binding.pod_name) != (pod.namespace, pod.name):
@@ -682,8 +758,8 @@ class NodeReconciler:
     def _pass(self, trigger: str, only: set[str] | None, *, always: bool) -> ReconcileRun | None:
         book = RunBook(self.node, trigger, self.clock(), always=always)
         snapshot = self._snapshot(book)
-        values, configs = self._load_slots(only, snapshot)
-        keys = set(values) | {b.slot for b in self.bindings()} | set(snapshot.by_slot)
+        rows = self._load_slots(only, snapshot)
+        keys = set(rows) | {b.slot for b in self.bindings()} | set(snapshot.by_slot)
         if only is not None:
             keys &= only
         for use in snapshot.unmapped:
@@ -696,32 +772,30 @@ class NodeReconciler:
         for key in sorted(keys):
             book.checked += 1
             binding = self._binding(key)
-            instance = binding.instance if binding else configs.get(key, ("", ""))[0]
+            row = rows.get(key)
+            instance = binding.instance if binding else (row.instance if row else "")
             if not instance:
                 continue
-            decision = self._decide(key, values.get(key), binding, snapshot, now)
+            decision = self._decide(key, row.value if row else None, binding, snapshot, now)
             if decision.act is not Act.KEEP:
                 work[instance].append(key)
+            elif binding is not None and row is not None and row.shown_pod != binding.pod_name:
+                # The cache took a value change after we showed the pod: show it again.
+                self._show_pod(instance, key, binding)
         self._run_grouped(work, lambda instance, keys: self._act_on(book, instance, keys, snapshot))
         return book.finish()
 
     def _run_grouped(
-        self, work: dict[str, list[str]], fn: Callable[[str, list[str]], None]
+        self, work: dict[str, list[Any]], fn: Callable[[str, list[Any]], None]
     ) -> None:
         """Parallel across Instances (when there is a pool), serialized within one."""
-        if self._executor is None or len(work) <= 1:
+        if self._group_pool is None or len(work) <= 1:
             for instance, keys in work.items():
                 fn(instance, keys)
             return
-        futures = [
-            self._executor.submit(self._in_pool, fn, instance, keys)
-            for instance, keys in work.items()
-        ]
+        futures = [self._group_pool.submit(fn, instance, keys) for instance, keys in work.items()]
         for future in futures:
             future.result()
-
-    def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(*args)
 
     def _act_on(self, book: RunBook, instance: str, keys: list[str], snapshot: Snapshot) -> None:
         with self._lock(instance):
@@ -917,8 +991,9 @@ class NodeReconciler:
             seen_at=self.clock(),
         )
         self._save_binding(learned)
-        if show:
+        if show:  # ours again: a conflict on this slot, if any, is over
             self._show_pod(instance, key, learned)
+            self._conflicts_reported = {m for m in self._conflicts_reported if m[0] != key}
 
     def _adopt(self, instance: str, key: str, value: str) -> None:
         usage = parse_usage(value)
@@ -993,34 +1068,39 @@ class NodeReconciler:
                 by_slot[key] = use
         return Snapshot(listed_at, by_slot, unmapped)
 
-    def _load_slots(
-        self, only: set[str] | None, snapshot: Snapshot
-    ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-        """deviceUsage values (cache) of held slots and of slots bound or in use here."""
+    def _load_slots(self, only: set[str] | None, snapshot: Snapshot) -> dict[str, SlotRow]:
+        """Cached slots this node holds, is bound to, or sees in use; ``only`` narrows it."""
         rows = Slot.objects.filter(instance__namespace=self.namespace)
-        wanted = {b.slot for b in self.bindings()} | set(snapshot.by_slot)
         if only is not None:
             rows = rows.filter(key__in=only)
         else:
-            held = set(rows.filter(holder_node=self.node).values_list("key", flat=True))
-            rows = rows.filter(key__in=held | wanted)
-        values: dict[str, str] = {}
-        configs: dict[str, tuple[str, str]] = {}
-        for key, value, instance, config in rows.values_list(
-            "key", "value", "instance__name", "instance__configuration_name"
-        ):
-            values[key] = value
-            configs[key] = (instance, config)
-        return values, configs
+            wanted = {b.slot for b in self.bindings()} | set(snapshot.by_slot)
+            rows = rows.filter(Q(holder_node=self.node) | Q(key__in=wanted))
+        return {
+            key: SlotRow(instance, value, pod)
+            for key, value, instance, pod in rows.values_list(
+                "key", "value", "instance__name", "pod_name"
+            )
+        }
 
     def _cached_value(self, instance: str, key: str) -> str | None:
-        return (
+        """The slot's value as freshly as this process knows it: the cache, or the claim
+        store's answer to our own last write when that is newer (the cache takes it
+        asynchronously, behind the watch)."""
+        row = (
             Slot.objects.filter(
                 instance__namespace=self.namespace, instance__name=instance, key=key
             )
-            .values_list("value", flat=True)
+            .values_list("value", "instance__resource_version")
             .first()
         )
+        seen = getattr(self.claims, "last_seen", {}).get(instance)
+        if seen is not None:
+            rv = str((seen.get("metadata") or {}).get("resourceVersion") or "")
+            if row is None or is_older(row[1], rv):
+                view = InstanceState.from_object(seen).view(key)
+                return view.usage.raw if view is not None else None
+        return row[0] if row is not None else None
 
     def _use_state(self, use: DeviceUse) -> PodState:
         info = self.pods.get(use.namespace, use.pod)
@@ -1097,6 +1177,16 @@ class NodeReconciler:
             return any(not b.pod_known for b in self._bindings.values())
 
     def _save_binding(self, binding: Binding) -> None:
+        with self._bindings_guard:
+            self._bindings[binding.slot] = binding
+        self._persist(self._write_binding, binding)
+
+    def _forget(self, slot: str) -> None:
+        with self._bindings_guard:
+            self._bindings.pop(slot, None)
+        self._persist(self._delete_binding, slot)
+
+    def _write_binding(self, binding: Binding) -> None:
         SlotPodBinding.objects.update_or_create(
             node=self.node,
             slot=binding.slot,
@@ -1113,16 +1203,15 @@ class NodeReconciler:
                 "seen_at": binding.seen_at,
             },
         )
-        with self._bindings_guard:
-            self._bindings[binding.slot] = binding
 
-    def _forget(self, slot: str) -> None:
+    def _delete_binding(self, slot: str) -> None:
         SlotPodBinding.objects.filter(node=self.node, slot=slot).delete()
-        with self._bindings_guard:
-            self._bindings.pop(slot, None)
 
     def _show_pod(self, instance: str, key: str, binding: Binding | None) -> None:
         """Keep the dashboard's Slot.pod_* in step with the map."""
+        self._persist(self._write_shown_pod, instance, key, binding)
+
+    def _write_shown_pod(self, instance: str, key: str, binding: Binding | None) -> None:
         Slot.objects.filter(
             instance__namespace=self.namespace, instance__name=instance, key=key
         ).update(
@@ -1131,6 +1220,40 @@ class NodeReconciler:
             pod_uid=binding.pod_uid if binding else "",
             container=binding.container if binding else "",
         )
+
+    # --- write-behind -----------------------------------------------------------------------------
+    def _persist(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Database bookkeeping off the release path, in order. The in-memory map decides;
+        the rows let a restarted agent resume. A crash before a write lands only leaves a
+        binding to a gone pod (released again: "already free") or a claim without one
+        (adopted, with grace): both safe."""
+        if self._writes is None:
+            fn(*args)
+        else:
+            self._writes.put((fn, args))
+
+    def _write_behind(self) -> None:
+        assert self._writes is not None
+        try:
+            while True:
+                item = self._writes.get()
+                if item is None:
+                    return
+                fn, args = item
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("%s: persisting %s failed", self.node, fn.__name__)
+        finally:
+            connections.close_all()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued database write has landed (tests, benchmarks)."""
+        if self._writes is None:
+            return True
+        done = threading.Event()
+        self._writes.put((done.set, ()))
+        return done.wait(timeout)
 
     # --- scheduling -----------------------------------------------------------------------------
     def _submit(self, fn: Callable[..., Any], *args: Any) -> None:

@@ -42,6 +42,26 @@ def config_of(obj: dict[str, Any]) -> str:
     return str((obj.get("spec") or {}).get("configurationName") or "")
 
 
+# What an Instance's lifecycle depends on; deviceUsage alone changes only health.
+_LIFECYCLE_FIELDS = ("configurationName", "capacity", "shared", "nodes", "brokerProperties")
+
+
+@dataclass(frozen=True)
+class Update:
+    previous: dict[str, Any] | None
+    current: dict[str, Any]
+
+    @property
+    def lifecycle_changed(self) -> bool:
+        """More than slot values changed (or the Instance is new to us)."""
+        if self.previous is None:
+            return True
+        old, new = self.previous.get("spec") or {}, self.current.get("spec") or {}
+        if is_deleting(self.previous) != is_deleting(self.current):
+            return True
+        return any(old.get(f) != new.get(f) for f in _LIFECYCLE_FIELDS)
+
+
 @dataclass(frozen=True)
 class ConfigEntry:
     obj: dict[str, Any]
@@ -59,18 +79,19 @@ class ClusterView:
         self._last_rv: dict[str, str] = {}  # instance name -> newest version seen, deletes too
 
     # --- Instances --------------------------------------------------------------------
-    def put_instance(self, obj: dict[str, Any]) -> bool:
-        """Hold ``obj`` unless an equal or newer version is already known; True if taken."""
+    def put_instance(self, obj: dict[str, Any]) -> Update | None:
+        """Hold ``obj`` unless an equal or newer version is already known; the update if taken."""
         name = obj["metadata"]["name"]
         rv = rv_of(obj)
         with self._lock:
             last = self._last_rv.get(name, "")
             if rv and last and (rv == last or is_older(rv, last)):
-                return False
+                return None
+            previous = self._instances.get(name)
             self._instances[name] = obj
             if rv:
                 self._last_rv[name] = rv
-            return True
+            return Update(previous, obj)
 
     def drop_instance(self, name: str, rv: str = "") -> dict[str, Any] | None:
         with self._lock:

@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -18,20 +17,6 @@ from agent.node.agent import NodeAgent, default_handlers
 log = logging.getLogger(__name__)
 
 REGISTRATION_SOCKET_NAME = "agent-registration.sock"
-
-
-def node_reconciler(agent: NodeAgent) -> Any:
-    """The node-local slot reconciler, fed by PodResources and this node's pod watch."""
-    from agent.node.podresources import PodResourcesClient
-    from agent.node.reconcile import NodeReconciler
-
-    return NodeReconciler(
-        node=agent.node_name,
-        namespace=agent.namespace,
-        pod_resources=PodResourcesClient(agent.pod_resources_socket),
-        claims=agent.claims,
-        api_client=agent.api_client,
-    )
 
 
 class Command(BaseCommand):
@@ -84,7 +69,7 @@ class Command(BaseCommand):
             options["registration_socket"],
             handlers=default_handlers(options["debug_echo_availability"]),
             offline_grace=options["offline_grace"],
-            reconciler_factory=None if options["no_reconcile"] else node_reconciler,
+            reconcile=not options["no_reconcile"],
         )
         os.makedirs(options["device_plugin_dir"], exist_ok=True)
         agent.start()
