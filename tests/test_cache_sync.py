@@ -143,3 +143,23 @@ def test_applying_the_same_state_twice_changes_nothing(api, kube):
 
     assert SlotEvent.objects.count() == events
     assert Slot.objects.get(key="cams-ab76e6-0").value == "node-a"
+
+
+def test_our_writes_keep_their_cause_whichever_path_reaches_the_cache_first(api, sync, kube):
+    from agent.kube.claims import ClaimStore
+    from agent.models import SlotEvent
+
+    sync.start()
+    sync.wait_synced()
+    api.create_instance(instance_body("cams-4294ea", 2, configuration="cams"))
+    kube.wait_for(lambda: Instance.objects.filter(name="cams-4294ea").exists())
+    store = ClaimStore(api, "agent:node-a", sync=sync)
+
+    for _ in range(5):
+        store.claim("cams-4294ea", "cams-4294ea-0", "node-a", node="node-a")
+        store.release("cams-4294ea", "cams-4294ea-0", "node-a", node="node-a")
+    assert sync.drain()
+
+    events = SlotEvent.objects.filter(slot="cams-4294ea-0").order_by("id")
+    assert [e.cause for e in events] == ["allocate", "release"] * 5
+    assert {e.actor for e in events} == {"agent:node-a"}

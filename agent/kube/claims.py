@@ -132,14 +132,14 @@ class ClaimStore:
             if outcome in (ClaimOutcome.TAKEN, ClaimOutcome.FOREIGN):
                 raise SlotTaken(key, state.device_usage.get(key, ""))
             ops = claim_patch(state, key, wanted, obj["metadata"].get("resourceVersion", ""))
-            answer = self._write(instance, ops, attempt)
+            attribution = cache.Attribution(
+                cause, self.actor, node=node, pod=pod, detail=detail, run=run
+            )
+            answer = self._attributed_write(instance, key, wanted, ops, attempt, attribution)
             if answer is None:
                 obj = None  # conflict: re-read and decide again
                 continue
             metrics.CLAIM_SECONDS.labels("claim").observe(time.perf_counter() - started)
-            attribution = cache.Attribution(
-                cause, self.actor, node=node, pod=pod, detail=detail, run=run
-            )
             self._applied(answer, {key: attribution})
             return "claimed"
         raise ClaimStoreError(f"claim of {key} gave up after {self.attempts} conflicting attempts")
@@ -178,14 +178,14 @@ class ClaimStore:
             if outcome is ReleaseOutcome.CHANGED:
                 raise SlotChanged(key, expected, state.device_usage.get(key, ""))
             ops = release_patch(state, key, expected, obj["metadata"].get("resourceVersion", ""))
-            answer = self._write(instance, ops, attempt)
+            attribution = cache.Attribution(
+                cause, self.actor, node=node, pod=pod, detail=detail, run=run
+            )
+            answer = self._attributed_write(instance, key, "", ops, attempt, attribution)
             if answer is None:
                 obj = None
                 continue
             metrics.CLAIM_SECONDS.labels("release").observe(time.perf_counter() - started)
-            attribution = cache.Attribution(
-                cause, self.actor, node=node, pod=pod, detail=detail, run=run
-            )
             self._applied(answer, {key: attribution})
             return "released"
         raise ClaimStoreError(
@@ -237,6 +237,29 @@ class ClaimStore:
                     raise ClaimStoreError(f"reading Instance {instance}: {exc}") from None
             self._sleep(attempt)
         raise ClaimStoreError(f"reading Instance {instance} failed")  # pragma: no cover
+
+    def _attributed_write(
+        self,
+        instance: str,
+        key: str,
+        value: str,
+        ops: list[dict[str, Any]],
+        attempt: int,
+        attribution: cache.Attribution,
+    ) -> dict[str, Any] | None:
+        """``_write``, with the sync told beforehand who is writing what: the watch may bring
+        the change into the cache before our own answer does."""
+        if self.sync is None:
+            return self._write(instance, ops, attempt)
+        self.sync.expect(instance, key, value, attribution)
+        try:
+            answer = self._write(instance, ops, attempt)
+        except BaseException:
+            self.sync.forget(instance, key, value)
+            raise
+        if answer is None:
+            self.sync.forget(instance, key, value)
+        return answer
 
     def _write(
         self, instance: str, ops: list[dict[str, Any]], attempt: int

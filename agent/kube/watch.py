@@ -234,6 +234,10 @@ class CacheSync:
         self._watched: dict[str, deque[str]] = {}
         # The last version per Instance that submit_direct applied and announced.
         self._direct_rv: dict[str, str] = {}
+        # Attributions of our writes in flight, by (instance, slot, value): whichever path
+        # brings the change in first (the watch or the direct answer) records it with them.
+        self._expected: dict[tuple[str, str, str], Any] = {}
+        self._expected_lock = threading.Lock()
         custom = client.CustomObjectsApi(api_client)
         self.configurations = ResourceWatcher(
             owner=owner,
@@ -296,6 +300,27 @@ class CacheSync:
         """Tell subscribers now about an object whose cache rows the caller wrote itself."""
         self._notify("instance", obj["metadata"]["name"], obj)
 
+    def expect(self, instance: str, key: str, value: str, attribution: Any) -> None:
+        """A write of ``value`` to ``key`` is about to go out: attribute it when it arrives."""
+        with self._expected_lock:
+            self._expected[(instance, key, value)] = attribution
+
+    def forget(self, instance: str, key: str, value: str) -> None:
+        """The write announced with ``expect`` did not happen."""
+        with self._expected_lock:
+            self._expected.pop((instance, key, value), None)
+
+    def _take_expected(self, obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        usage = (obj.get("spec") or {}).get("deviceUsage") or {}
+        with self._expected_lock:
+            found = {
+                key: self._expected.pop((inst, key, value))
+                for (inst, key, value) in list(self._expected)
+                if inst == name and usage.get(key, "") == value
+            }
+        return found
+
     def submit_direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         """Our own write's answer: into the cache in order with the watch, off the caller's path."""
         self._queue.put(("direct", obj, attributions))
@@ -329,9 +354,10 @@ class CacheSync:
     def _direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         rv = obj["metadata"].get("resourceVersion", "")
+        expected = self._take_expected(obj)
         if rv in self._watched.get(name, ()):
             return  # the watch already brought this version (or a newer one) in
-        cache.apply_instance(obj, attributions, direct=True)
+        cache.apply_instance(obj, {**expected, **attributions}, direct=True)
         self._direct_rv[name] = rv
         self._notify("instance", name, obj)
 
@@ -359,7 +385,7 @@ class CacheSync:
             self._watched.pop(name, None)
             self._notify("instance", name, None)
             return
-        row, applied = cache.apply_instance(obj)
+        row, applied = cache.apply_instance(obj, self._take_expected(obj))
         # The echo of a write some other claim store applied inline (one without this sync:
         # the admin's manual release in the one-process demo, a test) changes no row, but
         # subscribers have not heard of that write: tell them now. (Writes that came through
