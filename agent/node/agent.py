@@ -32,7 +32,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -179,6 +179,8 @@ class NodeAgent:
         self._cl: dict[str, ConfigurationPlugin] = {}
         self._dirty: set[str] = set()
         self._lifecycle: set[Future] = set()  # plugin starts and stops under way
+        self._holds = 0  # Allocates holding back device-list updates
+        self._held: set[DevicePlugin] = set()
         self._deadlines: dict[str, float] = {}  # configuration -> re-check at
         self._discovery: dict[str, ConfigDiscovery] = {}  # written by the worker only
         self._said: dict[str, str] = {}  # last log line per topic, so repeats stay quiet
@@ -350,9 +352,7 @@ class NodeAgent:
         name, configuration = obj["metadata"]["name"], config_of(obj)
         with self._lock:
             plugins = [self._il.get(name), self._cl.get(configuration)]
-        for plugin in plugins:
-            if plugin is not None:
-                plugin.notify()
+        self._notify_plugins(plugins)
         # A slot value alone changes health, which the plugins just took care of; the worker
         # is for joining, leaving and following the Configuration.
         if update.lifecycle_changed:
@@ -361,11 +361,8 @@ class NodeAgent:
     def _instance_gone(self, name: str, rv: str = "") -> None:
         obj = self.view.drop_instance(name, rv)
         with self._lock:
-            plugin = self._il.get(name)
-            cl_plugin = self._cl.get(config_of(obj)) if obj else None
-        for p in (plugin, cl_plugin):
-            if p is not None:
-                p.notify()
+            plugins = [self._il.get(name), self._cl.get(config_of(obj)) if obj else None]
+        self._notify_plugins(plugins)
         if obj is not None:
             self._mark(config_of(obj))
 
@@ -374,8 +371,31 @@ class NodeAgent:
             plugins = [p for p in self._il.values() if self._config_of_plugin(p) == configuration]
             if configuration in self._cl:
                 plugins.append(self._cl[configuration])
+        self._notify_plugins(plugins)
+
+    def _notify_plugins(self, plugins: list[DevicePlugin | None]) -> None:
+        with self._lock:
+            if self._holds:
+                self._held.update(p for p in plugins if p is not None)
+                return
         for plugin in plugins:
-            plugin.notify()
+            if plugin is not None:
+                plugin.notify()
+
+    @contextlib.contextmanager
+    def notifications_held(self) -> Iterator[None]:
+        """Device-list updates wait while an Allocate claims and answers: the answer leaves
+        first, and the updates its claims cause go out together right after."""
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                held, self._held = (self._held, set()) if self._holds == 0 else (set(), self._held)
+            for plugin in held:
+                plugin.notify()
 
     def _config_of_plugin(self, plugin: InstancePlugin) -> str:
         seen = self._seen.get(plugin.instance)
@@ -558,7 +578,8 @@ class NodeAgent:
                 digest=instance_digest(device.id, session.shared, self.node_name),
                 capacity=spec.capacity,
                 shared=session.shared,
-                broker_properties={**device.properties, **spec.broker_properties},
+                device_properties=dict(device.properties),
+                configuration_properties=dict(spec.broker_properties),
             )
             if desired.name in present:
                 log.error(

@@ -3,7 +3,8 @@
 Akri semantics (akri-compat.md §1.2, §6), with JSON patches instead of server-side apply:
 
 - ``ensure``: the Instance exists, lists this node in ``spec.nodes``, and has the
-  Configuration's capacity and broker properties. Create it if missing (409 AlreadyExists is
+  Configuration's capacity and broker properties (a key the Configuration no longer has stays
+  until the Instance is recreated: it cannot be told from a device property). Create it if missing (409 AlreadyExists is
   fine: another node was first), else add this node with a patch whose ``test`` is the current
   list. Capacity follows through ``resize_patch`` (grow adds free slots; a held slot is never
   dropped), properties through a replace conditioned on the resourceVersion.
@@ -50,7 +51,24 @@ class DesiredInstance:
     digest: str
     capacity: int
     shared: bool
-    broker_properties: dict[str, str] = field(default_factory=dict)
+    # Device properties, then the Configuration's brokerProperties over them.
+    device_properties: dict[str, str] = field(default_factory=dict)
+    configuration_properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def broker_properties(self) -> dict[str, str]:
+        return {**self.device_properties, **self.configuration_properties}
+
+    def properties_to_write(self, current: dict[str, str]) -> dict[str, str] | None:
+        """The brokerProperties to write, or None when ``current`` needs nothing.
+
+        The Configuration's values are enforced; of the device's, only missing keys are
+        added. Nodes that see one device slightly differently would otherwise overwrite each
+        other forever."""
+        wanted = dict(current)
+        wanted.update({k: v for k, v in self.device_properties.items() if k not in current})
+        wanted.update(self.configuration_properties)
+        return None if wanted == current else wanted
 
     @property
     def name(self) -> str:
@@ -131,14 +149,11 @@ class InstanceWriter:
         if spec.get("capacity") != desired.capacity:
             state = InstanceState.from_object(obj, desired.capacity)
             return resize_patch(state, desired.capacity, rv)
-        if dict(spec.get("brokerProperties") or {}) != desired.broker_properties:
+        properties = desired.properties_to_write(dict(spec.get("brokerProperties") or {}))
+        if properties is not None:
             return [
                 {"op": "test", "path": pointer("metadata", "resourceVersion"), "value": rv},
-                {
-                    "op": "add",
-                    "path": pointer("spec", "brokerProperties"),
-                    "value": dict(desired.broker_properties),
-                },
+                {"op": "add", "path": pointer("spec", "brokerProperties"), "value": properties},
             ]
         return []
 

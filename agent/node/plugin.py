@@ -45,7 +45,6 @@ REGISTER_TIMEOUT = 15.0  # the kubelet's own dial back to us may take up to 10 s
 REGISTER_RETRY_MAX = 2.0
 STOP_GRACE = 0.5
 REGISTER_FINISH_WAIT = 1.0
-NOTIFY_DELAY = 0.002
 # The kubelet (grpc-go) accepts the %-encoded socket path C-core sends as :authority; stricter
 # servers do not, and the kubelet itself dials plugins with "localhost".
 CHANNEL_OPTIONS = [("grpc.default_authority", "localhost")]
@@ -158,16 +157,11 @@ class DevicePlugin:
         log.info("%s: plugin stopped", self.resource_name)
 
     def notify(self) -> None:
-        """Something the device list depends on changed (thread-safe).
-
-        The streams wake a moment later: changes arriving together (an Allocate's claims, a
-        burst of watch events) make one update, and an Allocate's answer leaves first."""
+        """Something the device list depends on changed (thread-safe). Changes that arrive
+        before the loop gets to it (a burst of watch events) make one update."""
         if not self._wake_pending:
             self._wake_pending = True
-            self.agent.loop.call_soon(self._wake_soon)
-
-    def _wake_soon(self) -> None:
-        asyncio.get_running_loop().call_later(NOTIFY_DELAY, self._wake)
+            self.agent.loop.call_soon(self._wake)
 
     def _wake(self) -> None:
         # Waiters hold the old event; a fresh one catches the next change.
