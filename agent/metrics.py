@@ -25,9 +25,7 @@ RELEASE_LATENCY_SECONDS = Histogram(
     "From a pod's deletion or termination being seen to its slot free in the API server",
     buckets=_LATENCY_BUCKETS,
 )
-RECONCILE_RUNS = Counter(
-    "akri_reconcile_runs_total", "Reconciliation runs", ["scope", "trigger"]
-)
+RECONCILE_RUNS = Counter("akri_reconcile_runs_total", "Reconciliation runs", ["scope", "trigger"])
 RECONCILE_SLOTS = Counter(
     "akri_reconcile_slots_total",
     "Slots changed or found by reconciliation",
