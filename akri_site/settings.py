@@ -78,6 +78,9 @@ TEMPLATES = [
 DATABASE_URL = env.string("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Named outright: the live-server process of the browser tests derives the name from
+    # NAME otherwise, which by then is already the test database's.
+    DATABASES["default"]["TEST"] = {"NAME": "test_" + DATABASES["default"]["NAME"]}
 else:
     DATABASES = {
         "default": {

@@ -11,6 +11,11 @@ from collections.abc import Callable
 
 # name -> (module, function, what it measures)
 REGISTRY: dict[str, tuple[str, str, str]] = {
+    "live": (
+        "agent.bench.live",
+        "bench_live",
+        "deviceUsage change in the API server to a websocket delta, 1 and 200 clients",
+    ),
     "claims": (
         "agent.bench.claims",
         "bench_claims",
@@ -25,6 +30,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "agent.bench.agent",
         "bench_allocate",
         "the Allocate RPC over gRPC (claim included) vs a bare conditional write",
+    ),
+    "cl-allocate": (
+        "agent.bench.cl",
+        "bench_cl_allocate",
+        "one Allocate for 4 unique CL devices vs single-device IL Allocates",
     ),
     "health-propagation": (
         "agent.bench.agent",

@@ -31,12 +31,16 @@ from urllib3.exceptions import HTTPError
 
 from agent.kube import cache
 from agent.kube.client import CONFIGURATIONS, GROUP, INSTANCES, VERSION
+from agent.kube.foreground import FOREGROUND
 from agent.models import SyncState
 
 log = logging.getLogger(__name__)
 
 ListFunc = Callable[..., Any]
 STORE_RV_EVERY = 1.0  # seconds between writes of a watcher's resourceVersion
+# An announced write's change arrives within seconds; one this old came in some other way.
+EXPECTED_SECONDS = 60.0
+EXPECTED_MAX = 1024  # announcements kept before expired ones are looked for
 Event = tuple[str, dict[str, Any]]
 
 
@@ -234,9 +238,11 @@ class CacheSync:
         self._watched: dict[str, deque[str]] = {}
         # The last version per Instance that submit_direct applied and announced.
         self._direct_rv: dict[str, str] = {}
-        # Attributions of our writes in flight, by (instance, slot, value): whichever path
-        # brings the change in first (the watch or the direct answer) records it with them.
-        self._expected: dict[tuple[str, str, str], Any] = {}
+        # Attributions of our writes in flight, oldest first per (instance, slot, value), with
+        # when each was announced: whichever path applies the change first (the watch or the
+        # direct answer) takes the oldest. A slot claimed, released and claimed again faster
+        # than the cache follows makes two writes of one value; each keeps its own.
+        self._expected: dict[tuple[str, str, str], deque[tuple[Any, float]]] = {}
         self._expected_lock = threading.Lock()
         custom = client.CustomObjectsApi(api_client)
         self.configurations = ResourceWatcher(
@@ -302,24 +308,43 @@ class CacheSync:
 
     def expect(self, instance: str, key: str, value: str, attribution: Any) -> None:
         """A write of ``value`` to ``key`` is about to go out: attribute it when it arrives."""
+        now = time.monotonic()
         with self._expected_lock:
-            self._expected[(instance, key, value)] = attribution
+            if len(self._expected) > EXPECTED_MAX:
+                self._drop_expired(now)
+            self._expected.setdefault((instance, key, value), deque()).append((attribution, now))
 
     def forget(self, instance: str, key: str, value: str) -> None:
-        """The write announced with ``expect`` did not happen."""
+        """The write announced with ``expect`` did not happen (the newest announcement of
+        that change is the caller's own)."""
         with self._expected_lock:
-            self._expected.pop((instance, key, value), None)
+            pending = self._expected.get((instance, key, value))
+            if pending:
+                pending.pop()
+                if not pending:
+                    del self._expected[(instance, key, value)]
 
-    def _take_expected(self, obj: dict[str, Any]) -> dict[str, Any]:
-        name = obj["metadata"]["name"]
-        usage = (obj.get("spec") or {}).get("deviceUsage") or {}
+    def _take_expected(self, instance: str, key: str, value: str) -> Any:
+        """The oldest live attribution announced for this change, taken (used once)."""
+        now = time.monotonic()
         with self._expected_lock:
-            found = {
-                key: self._expected.pop((inst, key, value))
-                for (inst, key, value) in list(self._expected)
-                if inst == name and usage.get(key, "") == value
-            }
+            pending = self._expected.get((instance, key, value))
+            found = None
+            while pending and found is None:
+                attribution, at = pending.popleft()
+                if now - at < EXPECTED_SECONDS:
+                    found = attribution
+            if pending is not None and not pending:
+                del self._expected[(instance, key, value)]
         return found
+
+    def _drop_expired(self, now: float) -> None:
+        """Under the lock. Announcements whose change came in some other way (a relist)."""
+        for change, pending in list(self._expected.items()):
+            while pending and now - pending[0][1] >= EXPECTED_SECONDS:
+                pending.popleft()
+            if not pending:
+                del self._expected[change]
 
     def submit_direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         """Our own write's answer: into the cache in order with the watch, off the caller's path."""
@@ -332,6 +357,9 @@ class CacheSync:
             if item is None:
                 break
             what, first, second = item
+            # Cache rows and subscribers' work (health updates, the reconciler's checks) can
+            # wait for an Allocate's answer to leave; the order of the queue stays as it is.
+            FOREGROUND.wait_idle()
             try:
                 if what == "event":
                     self._instance_event(first, second)
@@ -354,10 +382,9 @@ class CacheSync:
     def _direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         rv = obj["metadata"].get("resourceVersion", "")
-        expected = self._take_expected(obj)
         if rv in self._watched.get(name, ()):
             return  # the watch already brought this version (or a newer one) in
-        cache.apply_instance(obj, {**expected, **attributions}, direct=True)
+        cache.apply_instance(obj, _Attributions(self, obj, attributions), direct=True)
         self._direct_rv[name] = rv
         self._notify("instance", name, obj)
 
@@ -385,7 +412,7 @@ class CacheSync:
             self._watched.pop(name, None)
             self._notify("instance", name, None)
             return
-        row, applied = cache.apply_instance(obj, self._take_expected(obj))
+        row, applied = cache.apply_instance(obj, _Attributions(self, obj, {}))
         # The echo of a write some other claim store applied inline (one without this sync:
         # the admin's manual release in the one-process demo, a test) changes no row, but
         # subscribers have not heard of that write: tell them now. (Writes that came through
@@ -411,3 +438,21 @@ class CacheSync:
                 fn(kind, name, obj)
             except Exception:
                 log.exception("subscriber %r failed on %s %s", fn, kind, name)
+
+
+class _Attributions:
+    """What ``cache.apply_instance`` asks for, slot by slot, as it records changes: the
+    write's own attribution when the caller knows it, else the oldest announced for that
+    change. An announcement is taken only for a change actually applied, so one that is not
+    (an echo, a version the cache already has) stays for the write it belongs to; a direct
+    answer takes its own announcement too, so that none is left for a later write."""
+
+    def __init__(self, sync: CacheSync, obj: dict[str, Any], own: dict[str, Any]) -> None:
+        self._sync = sync
+        self._own = own
+        self._name = obj["metadata"]["name"]
+        self._usage = (obj.get("spec") or {}).get("deviceUsage") or {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        expected = self._sync._take_expected(self._name, key, self._usage.get(key, ""))
+        return self._own.get(key) or expected or default

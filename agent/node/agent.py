@@ -382,20 +382,35 @@ class NodeAgent:
             if plugin is not None:
                 plugin.notify()
 
-    @contextlib.contextmanager
-    def notifications_held(self) -> Iterator[None]:
-        """Device-list updates wait while an Allocate claims and answers: the answer leaves
-        first, and the updates its claims cause go out together right after."""
+    def hold_notifications(self) -> Callable[..., None]:
+        """Device-list updates wait until the returned ``release`` is called (it may be
+        called more than once, with any arguments): they go out together after it."""
         with self._lock:
             self._holds += 1
-        try:
-            yield
-        finally:
+        released = False
+
+        def release(*_: object) -> None:
+            nonlocal released
             with self._lock:
+                if released:
+                    return
+                released = True
                 self._holds -= 1
                 held, self._held = (self._held, set()) if self._holds == 0 else (set(), self._held)
             for plugin in held:
                 plugin.notify()
+
+        return release
+
+    @contextlib.contextmanager
+    def notifications_held(self) -> Iterator[None]:
+        """Device-list updates wait while an Allocate claims and answers: the answer leaves
+        first, and the updates its claims cause go out together right after."""
+        release = self.hold_notifications()
+        try:
+            yield
+        finally:
+            release()
 
     def _config_of_plugin(self, plugin: InstancePlugin) -> str:
         seen = self._seen.get(plugin.instance)

@@ -11,7 +11,9 @@ gets a clear refusal ("3 unique devices requested, 2 available").
 One lock per plugin serialises Allocates (Akri PR #844): two plans from one snapshot could map
 two vdevs onto the same free slot. A slot lost to another node between plan and write makes
 the plan run again on fresh Instances; what was already claimed then shows as held by this
-node and is kept, as a kubelet re-ask would be (Akri #843).
+node and is kept, as a kubelet re-ask would be (Akri #843). A plan that finds too few free
+slots is made once more on Instances re-read from the API server before the kubelet is refused:
+the view may not have heard of a release yet.
 """
 
 from __future__ import annotations
@@ -125,9 +127,15 @@ class ConfigurationPlugin(DevicePlugin):
 
     def _plan(self, vdevs: list[str]) -> list[Claim]:
         node = self.agent.node_name
-        states = self.agent.view.states(self.configuration)
         try:
-            plan = plan_cl_claims(states, node, vdevs, self.unique(), self.configuration)
+            try:
+                plan = self._plan_from_view(vdevs)
+            except InsufficientDevices:
+                # The view may lag behind the API server (a release not heard of yet). Like
+                # the claim store's, a decision to write nothing must come from the API
+                # server: re-read what the view counts as busy, then plan once more.
+                self._refresh_busy()
+                plan = self._plan_from_view(vdevs)
         except InvalidDeviceId as exc:
             raise AllocateRefused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"Invalid device id {exc.device_id}: {exc.reason}"
@@ -137,6 +145,21 @@ class ConfigurationPlugin(DevicePlugin):
                 grpc.StatusCode.UNKNOWN, f"Unable to allocate {self.resource_name}: {exc}"
             ) from None
         return [(instance, key, format_cl(vdev, node)) for vdev, instance, key in plan]
+
+    def _plan_from_view(self, vdevs: list[str]) -> list[tuple[str, str, str]]:
+        states = self.agent.view.states(self.configuration)
+        node, unique = self.agent.node_name, self.unique()
+        return plan_cl_claims(states, node, vdevs, unique, self.configuration)
+
+    def _refresh_busy(self) -> None:
+        """Re-read, concurrently, the usable Instances the view shows with a slot in use: only
+        they can have more free slots than the view says."""
+        names = [
+            state.name
+            for state in self.agent.view.states(self.configuration)
+            if state.usable_by(self.agent.node_name) and state.used_count()
+        ]
+        list(self.agent.claim_pool.map(self.agent.refresh_instance, names))
 
     def _claim_all(self, plan: list[Claim], made: list[Claim]) -> bool:
         """Claim every slot of ``plan`` at once. True when all are ours now; False when one

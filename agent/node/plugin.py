@@ -31,6 +31,7 @@ import grpc
 
 from agent import metrics
 from agent.domain.naming import plugin_socket_name
+from agent.kube.foreground import FOREGROUND
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 
@@ -271,22 +272,41 @@ class DevicePlugin:
 
     async def allocate_rpc(self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext):
         started = time.perf_counter()
+        # Until gRPC has sent the answer, background bookkeeping waits (see
+        # agent.kube.foreground) and so do this agent's device-list updates: the answer
+        # leaves first, the updates its claims cause right after. The done callback runs
+        # however the call ends (answered, refused, cancelled).
+        leave = FOREGROUND.enter()
+        release = self.agent.hold_notifications()
+
+        def done(_: object) -> None:
+            try:
+                release()
+            finally:
+                leave()
+
+        context.add_done_callback(done)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future = loop.create_future()
+        responded = False
 
         def respond(response: dp.AllocateResponse) -> None:
+            nonlocal responded
+            responded = True
             loop.call_soon_threadsafe(_settle, answer, response, None)
 
         def work() -> None:
             try:
                 self.allocate(request, respond)
             except BaseException as exc:
-                if answer.done():  # after the answer: the kubelet is not told, the log is
+                if responded:  # after the answer: the kubelet is not told, the log is
                     log.exception("%s: after answering Allocate", self.resource_name)
-                loop.call_soon_threadsafe(_settle, answer, None, exc)
+                else:
+                    loop.call_soon_threadsafe(_settle, answer, None, exc)
             else:
-                error = RuntimeError("the plugin gave no answer")
-                loop.call_soon_threadsafe(_settle, answer, None, error)
+                if not responded:
+                    error = RuntimeError("the plugin gave no answer")
+                    loop.call_soon_threadsafe(_settle, answer, None, error)
 
         loop.run_in_executor(self.agent.loop.blocking, work)
         try:

@@ -53,7 +53,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 from kubernetes import client
@@ -73,6 +73,7 @@ from agent.kube.claims import (
     UnknownSlot,
 )
 from agent.kube.client import AkriApi
+from agent.kube.foreground import FOREGROUND
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Instance, ReconcileRun, Slot, SlotEvent, SlotPodBinding
 from agent.node.podresources import (
@@ -94,6 +95,8 @@ TOMBSTONE_SECONDS = 3600.0
 DETAIL_LINES = 60
 # Event-triggered releases within this long of the first share one run.
 EVENT_RUN_SECONDS = 1.0
+# Write-behind rows per transaction.
+WRITE_BATCH = 32
 
 
 # --- facts and the rule ---------------------------------------------------------------------
@@ -572,6 +575,9 @@ class NodeReconciler:
             connections.close_all()
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+        # A pass is PodResources, the API server and the ORM: milliseconds of this process's
+        # interpreter lock that an Allocate in flight should not share (agent.kube.foreground).
+        FOREGROUND.wait_idle()
         try:
             fn(*args)
         except Exception:  # the loop must outlive any one pass; the next one retries
@@ -735,11 +741,25 @@ class NodeReconciler:
 
     def learn(self) -> ReconcileRun | None:
         """Name the pods of unnamed bindings from PodResources (after Allocate)."""
-        unnamed = {b.slot for b in self.bindings() if not b.pod_known}
+        unnamed = [b for b in self.bindings() if not b.pod_known]
         self._learn_due = None
         if not unnamed:
             return None
-        run = self._pass(ReconcileRun.Trigger.EVENT, unnamed, always=False)
+        book = RunBook(self.node, ReconcileRun.Trigger.EVENT, self.clock(), always=False)
+        listed_at = self.clock()
+        try:
+            uses = self.pod_resources.list()
+        except PodResourcesUnavailable as exc:
+            book.count("errors", f"kubelet PodResources unavailable: {exc}")
+            snapshot = Snapshot(None, {}, [])
+        else:
+            if self._nothing_to_learn(unnamed, uses, listed_at):
+                uses = None
+            snapshot = self._resolve(listed_at, uses) if uses is not None else None
+        run = None
+        if snapshot is not None:
+            only = {b.slot for b in unnamed}
+            run = self._pass(book.trigger, only, always=False, book=book, snapshot=snapshot)
         still = [
             b
             for b in self.bindings()
@@ -749,15 +769,35 @@ class NodeReconciler:
             self._schedule_learn()
         return run
 
+    def _nothing_to_learn(
+        self, unnamed: list[Binding], uses: list[DeviceUse], listed_at: datetime
+    ) -> bool:
+        """Every unnamed binding is within its grace and the kubelet reports no device of
+        their resources in use: the pass would keep them all, so it is skipped (it reads the
+        cache, and learn passes poll every few milliseconds after a burst of Allocates)."""
+        if any(listed_at >= b.allocated_at + self.grace for b in unnamed):
+            return False
+        resources = {b.resource_name for b in unnamed}
+        return not any(use.resource_name in resources for use in uses)
+
     def request(self, slots: Iterable[str]) -> None:
         """Ask the loop for a targeted pass over ``slots`` (any thread)."""
         with self._targets_guard:
             self._targets.update(slots)
         self._wake.set()
 
-    def _pass(self, trigger: str, only: set[str] | None, *, always: bool) -> ReconcileRun | None:
-        book = RunBook(self.node, trigger, self.clock(), always=always)
-        snapshot = self._snapshot(book)
+    def _pass(
+        self,
+        trigger: str,
+        only: set[str] | None,
+        *,
+        always: bool,
+        book: RunBook | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> ReconcileRun | None:
+        book = book or RunBook(self.node, trigger, self.clock(), always=always)
+        if snapshot is None:
+            snapshot = self._snapshot(book)
         rows = self._load_slots(only, snapshot)
         keys = set(rows) | {b.slot for b in self.bindings()} | set(snapshot.by_slot)
         if only is not None:
@@ -1187,22 +1227,23 @@ class NodeReconciler:
         self._persist(self._delete_binding, slot)
 
     def _write_binding(self, binding: Binding) -> None:
-        SlotPodBinding.objects.update_or_create(
-            node=self.node,
-            slot=binding.slot,
-            defaults={
-                "instance": binding.instance,
-                "namespace": self.namespace,
-                "device_id": binding.device_id,
-                "resource_name": binding.resource_name,
-                "pod_namespace": binding.pod_namespace,
-                "pod_name": binding.pod_name,
-                "pod_uid": binding.pod_uid,
-                "container": binding.container,
-                "allocated_at": binding.allocated_at,
-                "seen_at": binding.seen_at,
-            },
-        )
+        fields = {
+            "instance": binding.instance,
+            "namespace": self.namespace,
+            "device_id": binding.device_id,
+            "resource_name": binding.resource_name,
+            "pod_namespace": binding.pod_namespace,
+            "pod_name": binding.pod_name,
+            "pod_uid": binding.pod_uid,
+            "container": binding.container,
+            "allocated_at": binding.allocated_at,
+            "seen_at": binding.seen_at,
+        }
+        # One statement when the row exists (the usual case: a slot is re-bound); this
+        # thread is the map's only writer, so nothing can insert the row in between.
+        rows = SlotPodBinding.objects.filter(node=self.node, slot=binding.slot)
+        if not rows.update(**fields):
+            SlotPodBinding.objects.create(node=self.node, slot=binding.slot, **fields)
 
     def _delete_binding(self, slot: str) -> None:
         SlotPodBinding.objects.filter(node=self.node, slot=slot).delete()
@@ -1236,23 +1277,49 @@ class NodeReconciler:
         assert self._writes is not None
         try:
             while True:
-                item = self._writes.get()
-                if item is None:
+                batch = [self._writes.get()]
+                FOREGROUND.wait_idle()  # rows can wait for an Allocate's answer to leave
+                # Whatever queued meanwhile joins them, up to a size that keeps the
+                # database's write lock from others (the cache applier) only briefly.
+                while batch[-1] is not None and len(batch) < WRITE_BATCH:
+                    try:
+                        batch.append(self._writes.get_nowait())
+                    except queue.Empty:
+                        break
+                self._write_batch([item for item in batch if item is not None])
+                if batch[-1] is None:
                     return
-                fn, args = item
-                try:
-                    fn(*args)
-                except Exception:
-                    log.exception("%s: persisting %s failed", self.node, fn.__name__)
         finally:
             connections.close_all()
+
+    def _write_batch(self, batch: list[tuple[Any, tuple]]) -> None:
+        """One transaction for the batch: on SQLite each one queues for the database's
+        write lock (behind the cache applier, say) and a busy wait sleeps in whole
+        milliseconds. A savepoint per write keeps one failure from undoing the others.
+        Flush marks are set once the batch is committed (or failed: nobody waits forever)."""
+        marks: list[threading.Event] = [args[0] for fn, args in batch if fn is _FLUSH]
+        try:
+            with transaction.atomic():
+                for fn, args in batch:
+                    if fn is _FLUSH:
+                        continue
+                    try:
+                        with transaction.atomic():
+                            fn(*args)
+                    except Exception:
+                        log.exception("%s: persisting %s failed", self.node, fn.__name__)
+        except Exception:
+            log.exception("%s: persisting %d writes failed", self.node, len(batch))
+        finally:
+            for mark in marks:
+                mark.set()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued database write has landed (tests, benchmarks)."""
         if self._writes is None:
             return True
         done = threading.Event()
-        self._writes.put((done.set, ()))
+        self._writes.put((_FLUSH, (done,)))
         return done.wait(timeout)
 
     # --- scheduling -----------------------------------------------------------------------------
@@ -1298,6 +1365,7 @@ class NodeReconciler:
 
 
 _UNREADABLE = object()
+_FLUSH = object()  # queued by ``flush``: a mark in the write-behind queue, not a write
 
 
 def reconciler_for(agent: Any) -> NodeReconciler:
