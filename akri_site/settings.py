@@ -159,7 +159,7 @@ AKRI = {
     # Watch streams end and restart this often, so a quiet cluster still shows progress.
     "WATCH_TIMEOUT_SECONDS": env.integer("AKRI_WATCH_TIMEOUT_SECONDS", 55, minimum=1, maximum=3600),
     # Coalescing window of the live fan-out to browsers.
-    "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 150, minimum=0, maximum=5000),
+    "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
 }
 
 LOGGING = {

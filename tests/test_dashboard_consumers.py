@@ -319,11 +319,14 @@ class Recorder:
 
 
 @pytest.mark.django_db(transaction=False)
-def test_the_coalescer_sends_one_delta_per_window():
+def test_the_coalescer_sends_a_lone_change_at_once_and_a_burst_once_per_window():
     send = Recorder()
     coalescer = live.Coalescer(window_ms=100, send=send).start()
     started = time.monotonic()
     try:
+        coalescer.add([99])
+        assert send.event.wait(2)
+        send.event.clear()
         for n in range(20):
             coalescer.add([n])
         coalescer.add_removed(["default/gone"])
@@ -331,10 +334,11 @@ def test_the_coalescer_sends_one_delta_per_window():
         assert send.event.wait(2)
     finally:
         coalescer.stop()
-    ((at, batch),) = send.calls
+    (first_at, first), (at, batch) = send.calls
+    assert first["instances"] == [99] and first_at - started < 0.05
     assert sorted(batch["instances"]) == list(range(20))
     assert batch["removed"] == ["default/gone"] and batch["runs"] == [7]
-    assert 0.09 <= at - started < 1.0
+    assert 0.09 <= at - first_at < 1.0
 
 
 @pytest.mark.django_db(transaction=False)

@@ -44,7 +44,9 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
 def bench_live(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     from django.conf import settings
 
-    redis_url = os.environ.get("AKRI_TEST_REDIS_URL") or settings.REDIS_URL or "redis://127.0.0.1:6379/0"
+    redis_url = (
+        os.environ.get("AKRI_TEST_REDIS_URL") or settings.REDIS_URL or "redis://127.0.0.1:6379/0"
+    )
     prefix = f"akri-bench-{uuid.uuid4().hex[:6]}"
     # This process publishes through the same Redis layer the Daphne process listens on.
     settings.CHANNEL_LAYERS = {
@@ -92,7 +94,16 @@ def bench_live(quick: bool = False, stdout: Any = None) -> dict[str, object]:
         controller = Controller(new_api_client(kubeconfig), namespace).start()
         controller.sync.wait_synced()
         daphne = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "akri_site.asgi:application"],
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "akri_site.asgi:application",
+            ],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -114,18 +125,23 @@ def bench_live(quick: bool = False, stdout: Any = None) -> dict[str, object]:
             controller.stop()
 
 
-async def _measure(api, name: str, port: int, session: str, clients: int, changes: int) -> list[float]:
+async def _measure(
+    api, name: str, port: int, session: str, clients: int, changes: int
+) -> list[float]:
     import aiohttp
 
     url = f"ws://127.0.0.1:{port}/ws/live/?view=slots"
     headers = {"Cookie": f"sessionid={session}", "Origin": f"http://127.0.0.1:{port}"}
     key = f"{name}-0"
     latencies: list[float] = []
-    async with aiohttp.ClientSession() as http:
+    # aiohttp allows 100 connections per session unless told otherwise.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         sockets = []
         for _ in range(clients):
             ws = await http.ws_connect(url, headers=headers, max_msg_size=0)
+            _trace("connected")
             await ws.receive_json(timeout=30)  # the snapshot
+            _trace("snapshot")
             sockets.append(ws)
         value = ""
         for _ in range(changes):
@@ -140,6 +156,7 @@ async def _measure(api, name: str, port: int, session: str, clients: int, change
                     {"op": "replace", "path": f"/spec/deviceUsage/{key}", "value": new},
                 ],
             )
+            _trace("patched")
             for arrived in await asyncio.gather(*waiters):
                 latencies.append((arrived - started) * 1000)
             value = new
@@ -157,3 +174,8 @@ async def _wait_value(ws, key: str, value: str) -> float:
             for slot in instance.get("slots", []):
                 if slot.get("key") == key and slot.get("value") == value:
                     return time.monotonic()
+
+
+def _trace(what: str) -> None:
+    if os.environ.get("AKRI_BENCH_VERBOSE"):
+        print(f"live: {time.monotonic():.3f} {what}", file=sys.stderr, flush=True)

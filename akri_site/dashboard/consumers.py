@@ -187,7 +187,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 else:
                     instances.append(narrowed)
         runs = event.get("runs", [])
-        html, run_rows = await self._fragments(instances, runs)
+        # Rendered right here: fragments come from the message alone (no database), and a
+        # hop to the one sync thread per socket would queue 200 sockets behind each other.
+        html, run_rows = instances_html(instances, self.release), runs_html(runs)
         await self.send_json(
             {
                 "type": "delta",
@@ -201,9 +203,3 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 "at": event.get("at"),
             }
         )
-
-    @database_sync_to_async
-    def _fragments(
-        self, instances: list[dict[str, Any]], runs: list[dict[str, Any]]
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        return instances_html(instances, self.release), runs_html(runs)

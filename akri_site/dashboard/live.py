@@ -153,8 +153,10 @@ def _listed(items: Any) -> list[Any]:
 class Coalescer:
     """Collects changes from any thread and publishes one delta per window from its own thread.
 
-    The window starts with the first change after a flush and does not slide, so a steady
-    stream of changes is still shown every ``window_ms``. Call ``add`` after your commit.
+    After a quiet spell the first change goes out at once (an operator sees it now); changes
+    that follow within ``window_ms`` of a delivery wait for the window to end and go out
+    together, so a burst or a steady stream costs one message per window. The window does not
+    slide. Call ``add`` after your commit.
 
         live = Coalescer().start()
         live.add([instance.pk]); live.add_removed(["default/cam-1a2b3c"]); live.add_run(run.pk)
@@ -167,7 +169,7 @@ class Coalescer:
         send: Callable[..., Any] = send_now,
     ) -> None:
         if window_ms is None:
-            window_ms = int(settings.AKRI.get("LIVE_COALESCE_MS", 150))
+            window_ms = int(settings.AKRI.get("LIVE_COALESCE_MS", 100))
         self.window = max(window_ms, 0) / 1000.0
         self._send = send
         self._cond = threading.Condition()
@@ -175,6 +177,7 @@ class Coalescer:
         self._removed: set[str] = set()
         self._runs: set[int] = set()
         self._first_at: float | None = None
+        self._last_sent = float("-inf")
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.flushes = 0
@@ -261,11 +264,13 @@ class Coalescer:
                     if self._first_at is None:  # stopping, nothing pending
                         return
                     while not self._stopping:
-                        left = self._first_at + self.window - time.monotonic()
+                        due = max(self._first_at, self._last_sent + self.window)
+                        left = due - time.monotonic()
                         if left <= 0:
                             break
                         self._cond.wait(left)
                     batch = self._take()
+                    self._last_sent = time.monotonic()
                 close_old_connections()
                 self._deliver(batch)
         finally:
