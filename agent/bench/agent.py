@@ -26,18 +26,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import psutil
 from django.conf import settings
 
 from agent.bench import ensure_migrated, percentile
+from agent.bench.caller import KubeletCaller
 from agent.discovery.base import HandlerRegistry
 from agent.discovery.debugecho import DebugEchoHandler
 from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
 from agent.kube.watch import CacheSync
 from agent.node.agent import NodeAgent
-from agent.protos import deviceplugin_pb2 as dp
-from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 from agent.simulator.apiserver import ApiServerSimulator
 from agent.simulator.kubelet import KubeletSimulator
 
@@ -169,56 +167,64 @@ def _healthy(kubelet: KubeletSimulator, resource: str, count: int) -> None:
     )
 
 
-def _settle(agent: NodeAgent) -> None:
-    """Let the previous call's background work (cache writes, list updates, which the
-    plugins send a couple of milliseconds after a change) finish, so each timed call measures
-    itself rather than the tail of the one before."""
+def _settle(agent: NodeAgent, *written: tuple[str, str]) -> None:
+    """Let the previous call's background work finish, so each timed call measures itself
+    rather than the tail of the one before: the watch's echo of each ``(instance,
+    resourceVersion)`` written since (its parsing and cache write would otherwise land in the
+    middle of the next call), everything queued for the cache, and the reconciler's
+    write-behind."""
+    for instance, rv in written:
+        agent.sync.wait_watched(instance, rv)
     agent.sync.drain()
+    flush = getattr(agent.reconciler, "flush", None)
+    if flush is not None:
+        flush()
+
+
+def _version(obj: dict[str, Any] | None) -> str:
+    return (obj or {}).get("metadata", {}).get("resourceVersion", "")
 
 
 def _allocate_rounds(rounds: int, reconcile: bool) -> tuple[list[float], list[float]]:
-    """(Allocate ms, bare write ms), interleaved, after 20 untimed warm-up rounds."""
-    with agents(["node-a"], reconcile=reconcile) as (api, [node], kubeconfig):
+    """(Allocate ms, bare write ms), interleaved, after 20 untimed warm-up rounds. The
+    Allocates come from a process of their own, as the kubelet's do (``caller``); the bare
+    writes from this one, the agent's, with the agent's background work around them."""
+    with (
+        agents(["node-a"], reconcile=reconcile) as (api, [node], kubeconfig),
+        KubeletCaller() as caller,
+    ):
         api.create_configuration(configuration(["foo0"]))
         name = _instance(api)
         resource = f"akri.sh/{name}"
         _healthy(node.kubelet, resource, 2)
         endpoint = node.kubelet.resources()[resource].endpoint
-        channel = grpc.insecure_channel(
-            "unix://" + endpoint, options=[("grpc.default_authority", "localhost")]
-        )
-        stub = dp_grpc.DevicePluginStub(channel)
-        request = dp.AllocateRequest(
-            container_requests=[dp.ContainerAllocateRequest(devices_ids=[f"{name}-0"])]
-        )
         bare = AkriApi(new_api_client(kubeconfig), api.namespace)
         bare_key, bare_value = f"{name}-1", ""
         agent = node.agent
         allocate_ms: list[float] = []
         bare_ms: list[float] = []
+        written: list[tuple[str, str]] = []
         for i in range(rounds + 20):
-            _settle(agent)
-            started = time.perf_counter()
-            stub.Allocate(request, timeout=10)
-            elapsed = time.perf_counter() - started
+            _settle(agent, *written)
+            elapsed = caller.allocate(endpoint, [[f"{name}-0"]])
             # Untimed: free the slot again through the claim store, as the reconciler would.
             agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
+            _settle(agent, (name, _version(agent.claims.last_seen.get(name))))
             new = "" if bare_value else "node-x"
             ops = [
                 {"op": "test", "path": f"/spec/deviceUsage/{bare_key}", "value": bare_value},
                 {"op": "replace", "path": f"/spec/deviceUsage/{bare_key}", "value": new},
             ]
-            _settle(agent)
             bare_started = time.perf_counter()
-            bare.custom.patch_namespaced_custom_object(
+            answer = bare.custom.patch_namespaced_custom_object(
                 "akri.sh", "v0", api.namespace, "instances", name, ops, _content_type=JSON_PATCH
             )
             bare_elapsed = time.perf_counter() - bare_started
+            written = [(name, _version(answer))]
             bare_value = new
             if i >= 20:
-                allocate_ms.append(elapsed * 1000)
+                allocate_ms.append(elapsed)
                 bare_ms.append(bare_elapsed * 1000)
-        channel.close()
     return allocate_ms, bare_ms
 
 

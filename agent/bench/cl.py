@@ -6,7 +6,8 @@ plugins, in the same run, over gRPC as the kubelet calls them, with the API serv
 process (``agent.bench.agent``'s setup). The CL plugin writes the 4 claims concurrently, so
 the 4-device call should cost little more than a 1-device one: ``ratio_p50`` is the p50 of the
 former over the p50 of the latter. Every claim is released between calls, untimed, through
-the agent's claim store as the reconciler would.
+the agent's claim store as the reconciler would. The calls come from a process of their
+own, as the kubelet's do (``agent.bench.caller``).
 
 What bounds the ratio: a claim's time in the agent is mostly CPU in the HTTP client stack
 (kubernetes client, urllib3, http.client), and the agent's threads share one interpreter lock,
@@ -18,14 +19,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import grpc
-
 from agent.bench import ensure_migrated, percentile
-from agent.bench.agent import CONFIG, _healthy, _settle, agents, configuration
+from agent.bench.agent import CONFIG, _healthy, _settle, _version, agents, configuration
+from agent.bench.caller import KubeletCaller
 from agent.domain.naming import cl_device_id, cl_resource_name, il_resource_name, slot_key
 from agent.node.agent import NodeAgent
-from agent.protos import deviceplugin_pb2 as dp
-from agent.protos import deviceplugin_pb2_grpc as dp_grpc
 
 DEVICES = 4
 WARM_UP = 10
@@ -42,33 +40,18 @@ def _instances(agent: NodeAgent, count: int) -> list[str]:
     raise TimeoutError(f"{count} Instances of {CONFIG} did not appear")
 
 
-def _request(ids: list[str]) -> dp.AllocateRequest:
-    return dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
-
-
-def _release_all(agent: NodeAgent, instances: list[str]) -> None:
-    """Free every slot this node holds, as the reconciler would once the pod is gone."""
+def _release_all(agent: NodeAgent, instances: list[str]) -> list[tuple[str, str]]:
+    """Free every slot this node holds, as the reconciler would once the pod is gone; the
+    (Instance, resourceVersion) of each write, for ``_settle``."""
+    written = []
     for name in instances:
         state = agent.view.state(name)
         assert state is not None
         for key in state.held_by(agent.node_name):
             value = state.device_usage[key]
             agent.claims.release(name, key, value, current=agent.view.instance(name))
-
-
-def _quiet(agent: NodeAgent) -> None:
-    """The previous call's background work done (cache writes, and the reconciler's
-    write-behind, which four claims make four times as much of) before the next timed call."""
-    _settle(agent)
-    flush = getattr(agent.reconciler, "flush", None)
-    if flush is not None:
-        flush()
-
-
-def _timed(stub: dp_grpc.DevicePluginStub, request: dp.AllocateRequest) -> float:
-    started = time.perf_counter()
-    stub.Allocate(request, timeout=10)
-    return (time.perf_counter() - started) * 1000
+            written.append((name, _version(agent.claims.last_seen.get(name))))
+    return written
 
 
 def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]:
@@ -78,7 +61,7 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
     ensure_migrated()
     rounds = 50 if quick else 400
     descriptions = [f"cam{i}" for i in range(DEVICES)]
-    with agents(["node-a"], reconcile=True) as (api, [node], _):
+    with agents(["node-a"], reconcile=True) as (api, [node], _), KubeletCaller() as caller:
         api.create_configuration(configuration(descriptions))  # uniqueDevices defaults to true
         agent = node.agent
         instances = _instances(agent, DEVICES)
@@ -86,40 +69,30 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
         _healthy(node.kubelet, resource, DEVICES)
         for name in instances:
             _healthy(node.kubelet, il_resource_name(name), 2)
-        channels: list[grpc.Channel] = []
-
-        def stub_for(resource_name: str) -> dp_grpc.DevicePluginStub:
-            endpoint = node.kubelet.resources()[resource_name].endpoint
-            channel = grpc.insecure_channel(
-                "unix://" + endpoint, options=[("grpc.default_authority", "localhost")]
-            )
-            channels.append(channel)
-            return dp_grpc.DevicePluginStub(channel)
-
-        cl_stub = stub_for(resource)
-        cl_request = _request([cl_device_id(CONFIG, n) for n in range(DEVICES)])
+        registered = node.kubelet.resources()
+        cl_call = (
+            registered[resource].endpoint,
+            [[cl_device_id(CONFIG, n) for n in range(DEVICES)]],
+        )
         singles = [
-            (stub_for(il_resource_name(name)), _request([slot_key(name, 0)])) for name in instances
+            (registered[il_resource_name(name)].endpoint, [[slot_key(name, 0)]])
+            for name in instances
         ]
         cl_ms: list[float] = []
         single_ms: list[float] = []
         four_ms: list[float] = []  # the 4 single calls of a round, added up
         for i in range(rounds + WARM_UP):
-            _quiet(agent)
-            elapsed = _timed(cl_stub, cl_request)
+            elapsed = caller.allocate(*cl_call)
             _check_unique(agent, instances)
-            _release_all(agent, instances)
+            _settle(agent, *_release_all(agent, instances))
             singles_ms = []
-            for stub, request in singles:
-                _quiet(agent)
-                singles_ms.append(_timed(stub, request))
-                _release_all(agent, instances)
+            for call in singles:
+                singles_ms.append(caller.allocate(*call))
+                _settle(agent, *_release_all(agent, instances))
             if i >= WARM_UP:
                 cl_ms.append(elapsed)
                 single_ms.extend(singles_ms)
                 four_ms.append(sum(singles_ms))
-        for channel in channels:
-            channel.close()
     p50, single_p50 = percentile(cl_ms, 50), percentile(single_ms, 50)
     return {
         "p50_ms": p50,

@@ -116,7 +116,7 @@ def apply_instance(
     now = timezone.now()
     with transaction.atomic():
         row = _instance_row(namespace, name)
-        if row is not None and direct and _not_newer(rv, row.resource_version):
+        if row is not None and direct and not_newer(rv, row.resource_version):
             # The watch got here first (or further): waiting for an echo that has passed
             # would make it skip newer events, and applying would step back.
             return row, False
@@ -178,7 +178,7 @@ def _slot_rows(row: Instance) -> dict[str, Slot]:
     return {slot.key: slot for slot in Slot.objects.raw(sql, [row.pk])}
 
 
-def _not_newer(rv: str, current: str) -> bool:
+def not_newer(rv: str, current: str) -> bool:
     """``rv`` is ``current`` or, when both are integers (etcd's and the simulator's are),
     older. Otherwise resourceVersions are opaque and nothing can be said."""
     if not rv or not current:

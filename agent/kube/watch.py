@@ -295,6 +295,20 @@ class CacheSync:
         self._queue.put(("mark", done, None))
         return done.wait(timeout)
 
+    def wait_watched(self, name: str, rv: str, timeout: float = 10.0) -> bool:
+        """Wait until the watch has brought version ``rv`` (or a newer one) of Instance
+        ``name`` and the applier is done with it: the echo of a write has passed. For
+        benchmarks and tests that must not time the tail of an earlier write."""
+        deadline = time.monotonic() + timeout
+        while self.drain(max(0.0, deadline - time.monotonic())):
+            seen = self._watched.get(name)
+            if seen and cache.not_newer(rv, seen[-1]):
+                return True
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.0002)
+        return False
+
     def stop(self) -> None:
         self.configurations.stop()
         self.instances.stop()

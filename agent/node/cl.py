@@ -164,12 +164,19 @@ class ConfigurationPlugin(DevicePlugin):
     def _claim_all(self, plan: list[Claim], made: list[Claim]) -> bool:
         """Claim every slot of ``plan`` at once. True when all are ours now; False when one
         was taken by someone else (plan again). Other failures refuse the request."""
-        futures: list[tuple[Claim, Future]] = [
-            (claim, self.agent.claim_pool.submit(self._claim_one, *claim)) for claim in plan
+        # All but one go to the pool; this thread makes the last claim itself rather than
+        # wait idle (one thread fewer to wake for the request).
+        futures: list[Future] = [
+            self.agent.claim_pool.submit(self._claim_one, *claim) for claim in plan[:-1]
         ]
+        last: Future = Future()
+        try:
+            last.set_result(self._claim_one(*plan[-1]))
+        except Exception as exc:
+            last.set_exception(exc)
         taken: list[Claim] = []
         refusal: AllocateRefused | None = None
-        for claim, future in futures:
+        for claim, future in zip(plan, [*futures, last], strict=True):
             try:
                 if future.result() == "claimed":
                     made.append(claim)
