@@ -11,27 +11,17 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
-from channels.testing import ChannelsLiveServerTestCase
 from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.test import Client, override_settings
-from playwright.sync_api import expect, sync_playwright
+from django.test import override_settings
+from playwright.sync_api import expect
 
 from agent.models import Instance, Slot
 from agent.simulator.cluster import SimulatedCluster, debug_echo_configuration
+from tests.browser import ARTIFACTS, BrowserLiveServerCase
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 REDIS_URL = os.environ.get("AKRI_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CONFIG = "akri-debug-echo-foo"
 INSTANCE = f"{CONFIG}-8120fe"
@@ -56,31 +46,25 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
         }
     }
 )
-class ClusterInBrowserTests(ChannelsLiveServerTestCase):
+class ClusterInBrowserTests(BrowserLiveServerCase):
     serialized_rollback = False
 
     @classmethod
     def setUpClass(cls):
-        # The cluster first: Daphne's process is forked from this one and must know where the
-        # API server is, for the admin's release.
+        # The server process must know where the cluster's kubeconfig is, for the admin's
+        # release (the file is written when the cluster starts).
         cls.cluster = SimulatedCluster(
             nodes=2,
             namespace="default",
             configurations=[debug_echo_configuration(CONFIG, ["foo0", "foo1"], capacity=2)],
-        ).start()
+        )
         cls.saved_kubeconfig = settings.AKRI["KUBECONFIG"]
         settings.AKRI["KUBECONFIG"] = cls.cluster.kubeconfig
         super().setUpClass()
-        ARTIFACTS.mkdir(exist_ok=True)
-        cls.playwright = sync_playwright().start()
-        cls.browser = cls.playwright.chromium.launch(
-            executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
-        )
+        cls.cluster.start()
 
     @classmethod
     def tearDownClass(cls):
-        cls.browser.close()
-        cls.playwright.stop()
         cls.cluster.stop()
         settings.AKRI["KUBECONFIG"] = cls.saved_kubeconfig
         super().tearDownClass()
@@ -92,17 +76,8 @@ class ClusterInBrowserTests(ChannelsLiveServerTestCase):
     def context_as(self, role: str):
         user = User.objects.create_user(f"e2e-{role}", is_staff=role != "viewer")
         user.groups.add(Group.objects.get(name=role))
-        client = Client()
-        client.force_login(user)
-        cookie = client.cookies[settings.SESSION_COOKIE_NAME]
-        context = self.browser.new_context(
-            timezone_id="UTC", viewport={"width": 1400, "height": 900}
-        )
-        context.set_default_timeout(10_000)
-        context.add_cookies(
-            [{"name": cookie.key, "value": cookie.value, "url": self.live_server_url}]
-        )
-        return context, client
+        context = self.new_context()
+        return context, self.sign_in(context, user)
 
     def usage(self) -> dict:
         return self.cluster.akri.get_instance(INSTANCE)["spec"]["deviceUsage"]

@@ -7,62 +7,29 @@ always sets).
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
-from pathlib import Path
 
 import pytest
-from channels.testing import ChannelsLiveServerTestCase
-from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.test import Client, override_settings
+from django.test import override_settings
 from django.utils import timezone
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from agent.models import Slot
 from akri_site.dashboard import live
 from akri_site.dashboard.sample import make_cluster
+from tests.browser import ARTIFACTS, REDIS_URL, BrowserLiveServerCase
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 INSTANCE = "akri-onvif-000000"
-REDIS_URL = os.environ.get("AKRI_TEST_REDIS_URL", "")
 
 
-class BrowserCase(ChannelsLiveServerTestCase):
-    """One Chromium for the class; a fresh context (cookies, theme) per test."""
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        ARTIFACTS.mkdir(exist_ok=True)
-        cls.playwright = sync_playwright().start()
-        cls.browser = cls.playwright.chromium.launch(
-            executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
-        )
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.browser.close()
-        cls.playwright.stop()
-        super().tearDownClass()
+class BrowserCase(BrowserLiveServerCase):
+    """A sample cluster in the database and a fresh context (cookies, theme) per test."""
 
     def setUp(self):
         make_cluster(instances=10, capacity=4)
-        self.context = self.browser.new_context(
-            timezone_id="UTC",
-            color_scheme="light",
-            viewport={"width": 1400, "height": 900},
-        )
-        self.context.set_default_timeout(10_000)
+        self.context = self.new_context(color_scheme="light")
         self.page = self.context.new_page()
 
     def tearDown(self):
@@ -70,15 +37,9 @@ class BrowserCase(ChannelsLiveServerTestCase):
         self.context.close()
 
     def sign_in_as(self, role: str, staff: bool = False) -> User:
-        """A session cookie made by Django, handed to the browser (no password hashing)."""
         user = User.objects.create_user(f"b-{role}", is_staff=staff)
         user.groups.add(Group.objects.get(name=role))
-        client = Client()
-        client.force_login(user)
-        cookie = client.cookies[settings.SESSION_COOKIE_NAME]
-        self.context.add_cookies(
-            [{"name": cookie.key, "value": cookie.value, "url": self.live_server_url}]
-        )
+        self.sign_in(self.context, user)
         return user
 
     def shot(self, name: str) -> None:
@@ -161,13 +122,7 @@ class DashboardInBrowserTests(BrowserCase):
         assert background == "rgb(251, 251, 252)"
 
     def test_a_user_without_a_role_is_told_so(self):
-        user = User.objects.create_user("nobody")
-        client = Client()
-        client.force_login(user)
-        cookie = client.cookies[settings.SESSION_COOKIE_NAME]
-        self.context.add_cookies(
-            [{"name": cookie.key, "value": cookie.value, "url": self.live_server_url}]
-        )
+        self.sign_in(self.context, User.objects.create_user("nobody"))
         response = self.page.goto(f"{self.live_server_url}/slots/")
 
         assert response.status == 403

@@ -80,12 +80,43 @@ def test_decide_claim_refuses_to_claim_with_a_non_holder_value():
         decide_claim(state_of(instance({})), k(0), "C:node-a")
 
 
-def test_claim_of_a_present_free_key_tests_that_key():
+def test_claim_of_a_present_free_key_tests_that_key_and_the_capacity():
     s = state_of(instance({k(0): "", k(1): B}))
     assert claim_patch(s, k(0), A, "10") == [
         {"op": "test", "path": "/spec/deviceUsage/cfg-8120fe-0", "value": ""},
+        {"op": "test", "path": "/spec/capacity", "value": 2},
         {"op": "replace", "path": "/spec/deviceUsage/cfg-8120fe-0", "value": "node-a"},
     ]
+
+
+def test_without_spec_capacity_a_claim_tests_only_the_key():
+    obj = instance({k(0): "", k(1): ""})
+    del obj["spec"]["capacity"]  # Akri v0.12: capacity inferred from the pre-filled keys
+    ops = claim_patch(state_of(obj), k(0), A, "10")
+    assert [op["path"] for op in ops if op["op"] == "test"] == ["/spec/deviceUsage/cfg-8120fe-0"]
+    assert apply_json_patch(obj, ops)["spec"]["deviceUsage"][k(0)] == A
+
+
+def test_a_release_and_a_claim_decided_before_a_shrink_cannot_land_beyond_it():
+    # Capacity 2, slot 1 held by A. A release of it and, from the same era, a claim of it by
+    # B (decided when the slot was free) are both made before the Instance shrinks to 1.
+    held = instance({k(0): "", k(1): A}, rv="10")
+    late_release = release_patch(state_of(held), k(1), A)
+    freed = apply_json_patch(held, late_release)
+    late_claim = claim_patch(state_of(freed), k(1), B, "11")
+    shrunk = apply_json_patch(held, resize_patch(state_of(held), 1, "10"))
+    assert shrunk["spec"]["deviceUsage"] == {k(0): "", k(1): A}  # held surplus stays
+    # Replayed now, the release must not leave a free key beyond capacity 1 ...
+    with pytest.raises(JsonPatchTestFailed):
+        apply_json_patch(shrunk, late_release)
+    # ... and the claim must not take slot 1 even if such a key were there.
+    with pytest.raises(JsonPatchTestFailed):
+        apply_json_patch(
+            {**shrunk, "spec": {**shrunk["spec"], "deviceUsage": {k(1): ""}}}, late_claim
+        )
+    # Decided afresh, the release removes the surplus key.
+    fresh = release_patch(state_of(shrunk), k(1), A)
+    assert apply_json_patch(shrunk, fresh)["spec"]["deviceUsage"] == {k(0): ""}
 
 
 def test_claim_of_an_absent_key_tests_the_resource_version():
@@ -178,6 +209,7 @@ def test_release_sets_the_slot_free_if_it_still_holds_the_holder():
     s = state_of(instance({k(0): A}))
     assert release_patch(s, k(0), A) == [
         {"op": "test", "path": "/spec/deviceUsage/cfg-8120fe-0", "value": "node-a"},
+        {"op": "test", "path": "/spec/capacity", "value": 2},
         {"op": "replace", "path": "/spec/deviceUsage/cfg-8120fe-0", "value": ""},
     ]
 
@@ -185,7 +217,7 @@ def test_release_sets_the_slot_free_if_it_still_holds_the_holder():
 def test_release_of_a_surplus_slot_removes_the_key():
     obj = instance({k(0): "", k(3): CL_A}, capacity=1)
     ops = release_patch(state_of(obj), k(3), CL_A, "10")
-    assert ops[1] == {"op": "remove", "path": "/spec/deviceUsage/cfg-8120fe-3"}
+    assert ops[-1] == {"op": "remove", "path": "/spec/deviceUsage/cfg-8120fe-3"}
     assert apply_json_patch(obj, ops)["spec"]["deviceUsage"] == {k(0): ""}
 
 

@@ -96,6 +96,7 @@ def claim_patch(state: InstanceState, key: str, wanted: str, resource_version: s
     if state.device_usage.get(key) == "":
         return [
             {"op": "test", "path": usage_path(key), "value": ""},
+            *_capacity_test(state),
             {"op": "replace", "path": usage_path(key), "value": wanted},
         ]
     _check_rv(resource_version)
@@ -135,11 +136,22 @@ def release_patch(
         raise SlotChanged(key, expected, state.usage(key).raw)
     if outcome is ReleaseOutcome.NO_SLOT:
         raise InvalidDeviceId(key, f"not a slot of {state.name}")
-    test = {"op": "test", "path": usage_path(key), "value": expected}
+    tests = [{"op": "test", "path": usage_path(key), "value": expected}, *_capacity_test(state)]
     index = slot_index(state.name, key)
     if index is not None and index >= state.capacity:
-        return [test, {"op": "remove", "path": usage_path(key)}]
-    return [test, {"op": "replace", "path": usage_path(key), "value": ""}]
+        return [*tests, {"op": "remove", "path": usage_path(key)}]
+    return [*tests, {"op": "replace", "path": usage_path(key), "value": ""}]
+
+
+def _capacity_test(state: InstanceState) -> list[dict]:
+    """A slot-value write decided under one capacity must not land under another. A release
+    decided before a shrink would otherwise leave a free key beyond the new capacity (it
+    writes "" where it should now remove the key), and a claim decided before it would take
+    such a key (its only condition, the "", still holds). Capacity changes are rare: the
+    extra condition costs a re-read then, and nothing otherwise."""
+    if not state.capacity_present:
+        return []  # no spec.capacity to test (Akri v0.12); we never resized such an object
+    return [{"op": "test", "path": CAPACITY_PATH, "value": state.capacity}]
 
 
 def add_node_patch(

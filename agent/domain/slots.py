@@ -177,9 +177,13 @@ def resize_usage(instance: str, device_usage: Mapping[str, Any], new_capacity: i
     return resized
 
 
+def _valid_capacity(capacity: Any) -> bool:
+    return isinstance(capacity, int) and not isinstance(capacity, bool) and capacity >= 0
+
+
 def _read_capacity(spec: Mapping[str, Any], name: str, default: int | None) -> int:
     capacity = spec.get("capacity")
-    if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity >= 0:
+    if _valid_capacity(capacity):
         return capacity
     if default is not None:
         return default
@@ -201,6 +205,8 @@ class InstanceState:
     # False when the object has no spec.deviceUsage at all (Akri v0.13 SSA, or a server that
     # applies no schema defaults); a claim then has to create the map, not add a key to it.
     device_usage_present: bool = True
+    # False when ``capacity`` was not read from spec.capacity (Akri v0.12 objects).
+    capacity_present: bool = True
     _views: tuple[SlotView, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -228,6 +234,7 @@ class InstanceState:
             nodes=tuple(spec.get("nodes") or ()),
             shared=bool(spec.get("shared", False)),
             device_usage_present=spec.get("deviceUsage") is not None,
+            capacity_present=_valid_capacity(spec.get("capacity")),
         )
 
     def views(self) -> list[SlotView]:
