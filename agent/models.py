@@ -176,6 +176,15 @@ class ReconcileRun(models.Model):
     class Meta:
         ordering = ["-started_at", "-id"]
 
+    @staticmethod
+    def detail_of(lines: list[str], limit: int) -> str:
+        """The ``detail`` text for a run's notes: the first ``limit`` lines, and how many more
+        there were (a run over thousands of slots must not write a megabyte row)."""
+        shown = lines[:limit]
+        if len(lines) > limit:
+            shown.append(f"... and {len(lines) - limit} more")
+        return "\n".join(shown)
+
     def __str__(self) -> str:
         return f"{self.scope}:{self.node or 'cluster'} {self.trigger} @ {self.started_at:%H:%M:%S}"
 

@@ -95,16 +95,13 @@ class ClusterBook:
     def finish(self) -> ReconcileRun:
         if self.foreign:
             self.lines.insert(0, f"{self.foreign} foreign deviceUsage entries reported")
-        lines = self.lines[:DETAIL_LINES]
-        if len(self.lines) > DETAIL_LINES:
-            lines.append(f"... and {len(self.lines) - DETAIL_LINES} more")
         fields = {
             "duration_ms": (time.perf_counter() - self.t0) * 1000,
             "checked": self.checked,
             "released": self.released,
             "conflicts": self.conflicts,
             "errors": self.errors,
-            "detail": "\n".join(lines),
+            "detail": ReconcileRun.detail_of(self.lines, DETAIL_LINES),
         }
         ReconcileRun.objects.filter(pk=self.row.pk).update(**fields)
         for name, value in fields.items():

@@ -120,6 +120,10 @@ class DashboardInBrowserTests(BrowserCase):
         self.page.get_by_label("Theme").select_option("light")  # a person's choice wins
         background = self.page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(251, 251, 252)"
+        self.page.emulate_media(color_scheme="light")
+        self.page.get_by_label("Theme").select_option("dark")  # and against the system's too
+        background = self.page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(18, 20, 23)"
 
     def test_a_user_without_a_role_is_told_so(self):
         self.sign_in(self.context, User.objects.create_user("nobody"))

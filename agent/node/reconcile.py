@@ -349,9 +349,6 @@ class RunBook:
             return None
         row = self.ensure_row()
         with self._lock:
-            lines = self.lines[:DETAIL_LINES]
-            if len(self.lines) > DETAIL_LINES:
-                lines.append(f"... and {len(self.lines) - DETAIL_LINES} more")
             fields = {
                 "duration_ms": (time.perf_counter() - self.t0) * 1000,
                 "checked": self.checked,
@@ -359,7 +356,7 @@ class RunBook:
                 "restored": self.restored,
                 "conflicts": self.conflicts,
                 "errors": self.errors,
-                "detail": "\n".join(lines),
+                "detail": ReconcileRun.detail_of(self.lines, DETAIL_LINES),
             }
             new = {
                 result: getattr(self, name) - self._reported.get(result, 0)

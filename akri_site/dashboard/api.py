@@ -22,6 +22,7 @@ from rest_framework.routers import APIRootView, DefaultRouter
 
 from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
 from akri_site.dashboard.access import can_view
+from akri_site.dashboard.queries import RUN_FIELDS
 from akri_site.dashboard.slotmap import HELD_LEVELS, slot_state
 
 
@@ -122,21 +123,7 @@ class NodeSerializer(serializers.ModelSerializer):
 class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = ReconcileRun
-        fields = [
-            "id",
-            "scope",
-            "node",
-            "trigger",
-            "started_at",
-            "duration_ms",
-            "checked",
-            "released",
-            "restored",
-            "conflicts",
-            "errors",
-            "detail",
-            "task_id",
-        ]
+        fields = list(RUN_FIELDS)
 
 
 class EventSerializer(serializers.ModelSerializer):

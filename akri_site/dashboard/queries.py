@@ -26,7 +26,8 @@ from akri_site.dashboard.slotmap import iso, summary
 
 RECENT_EVENTS = 50
 ALERT_WINDOW = timedelta(hours=1)
-_RUN_FIELDS = (
+# What a reconciliation run shows, on the history page and in the JSON API alike.
+RUN_FIELDS = (
     "id",
     "scope",
     "node",
@@ -60,7 +61,7 @@ def run_dict(run: dict[str, Any]) -> dict[str, Any]:
     else:
         result = "nothing"
     return {
-        **{k: run[k] for k in _RUN_FIELDS if k != "started_at"},
+        **{k: run[k] for k in RUN_FIELDS if k != "started_at"},
         "started_at": iso(run["started_at"]),
         "result": result,
         "url": reverse("dashboard:run", args=[run["id"]]),
@@ -68,7 +69,7 @@ def run_dict(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_values(qs: QuerySet[ReconcileRun]) -> QuerySet:
-    return qs.values(*_RUN_FIELDS)
+    return qs.values(*RUN_FIELDS)
 
 
 def runs(qs: QuerySet[ReconcileRun]) -> list[dict[str, Any]]:
