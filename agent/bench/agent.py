@@ -30,7 +30,7 @@ import psutil
 from django.conf import settings
 
 from agent.bench import ensure_migrated, percentile
-from agent.bench.caller import KubeletCaller
+from agent.bench.kubelet import KubeletProcess
 from agent.discovery.base import HandlerRegistry
 from agent.discovery.debugecho import DebugEchoHandler
 from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
@@ -58,7 +58,7 @@ def configuration(descriptions: list[str], capacity: int = 2) -> dict[str, Any]:
 @dataclass
 class BenchNode:
     name: str
-    kubelet: KubeletSimulator
+    kubelet: KubeletSimulator | KubeletProcess
     agent: NodeAgent
 
 
@@ -110,10 +110,12 @@ def _answers(port: int) -> bool:
 
 @contextmanager
 def agents(
-    nodes: list[str], *, reconcile: bool = False
+    nodes: list[str], *, reconcile: bool = False, kubelet_process: bool = False
 ) -> Iterator[tuple[AkriApi, list[BenchNode], str]]:
     """An API-server simulator (own process), one CacheSync, and per node a kubelet simulator
-    and an agent (in this process, as the one-process demo runs them)."""
+    and an agent (in this process, as the one-process demo runs them). With
+    ``kubelet_process`` each kubelet runs in a process of its own (``agent.bench.kubelet``),
+    as on a node."""
     root = tempfile.mkdtemp(prefix="bn", dir="/tmp")
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     started: list[BenchNode] = []
@@ -126,10 +128,14 @@ def agents(
                 base = os.path.join(root, name[-1])
                 handlers = HandlerRegistry()
                 handlers.register(DebugEchoHandler(availability_path=os.path.join(base, "echo")))
-                kubelet = KubeletSimulator(
-                    os.path.join(base, "dp"), os.path.join(base, "pr.sock"), name
-                )
-                kubelet.start()
+                kubelet: KubeletSimulator | KubeletProcess
+                plugin_dir, pod_resources = os.path.join(base, "dp"), os.path.join(base, "pr.sock")
+                if kubelet_process:
+                    os.makedirs(plugin_dir, exist_ok=True)
+                    kubelet = KubeletProcess(plugin_dir, pod_resources, name)
+                else:
+                    kubelet = KubeletSimulator(plugin_dir, pod_resources, name)
+                    kubelet.start()
                 agent = NodeAgent(
                     name,
                     new_api_client(kubeconfig),
@@ -161,7 +167,10 @@ def _instance(api: AkriApi) -> str:
     raise TimeoutError("no Instance appeared")
 
 
-def _healthy(kubelet: KubeletSimulator, resource: str, count: int) -> None:
+def _healthy(kubelet: KubeletSimulator | KubeletProcess, resource: str, count: int) -> None:
+    if isinstance(kubelet, KubeletProcess):
+        kubelet.wait_healthy(resource, count)
+        return
     kubelet.wait_devices(
         resource, lambda d: sum(h == "Healthy" for h in d.values()) == count, timeout=20
     )
@@ -187,17 +196,20 @@ def _version(obj: dict[str, Any] | None) -> str:
 
 def _allocate_rounds(rounds: int, reconcile: bool) -> tuple[list[float], list[float]]:
     """(Allocate ms, bare write ms), interleaved, after 20 untimed warm-up rounds. The
-    Allocates come from a process of their own, as the kubelet's do (``caller``); the bare
-    writes from this one, the agent's, with the agent's background work around them."""
-    with (
-        agents(["node-a"], reconcile=reconcile) as (api, [node], kubeconfig),
-        KubeletCaller() as caller,
+    kubelet, and so the Allocates, run in a process of their own, as on a node
+    (``agent.bench.kubelet``); the bare writes come from this one, the agent's, with the
+    agent's background work around them."""
+    with agents(["node-a"], reconcile=reconcile, kubelet_process=True) as (
+        api,
+        [node],
+        kubeconfig,
     ):
         api.create_configuration(configuration(["foo0"]))
         name = _instance(api)
         resource = f"akri.sh/{name}"
-        _healthy(node.kubelet, resource, 2)
-        endpoint = node.kubelet.resources()[resource].endpoint
+        kubelet = node.kubelet
+        assert isinstance(kubelet, KubeletProcess)
+        _healthy(kubelet, resource, 2)
         bare = AkriApi(new_api_client(kubeconfig), api.namespace)
         bare_key, bare_value = f"{name}-1", ""
         agent = node.agent
@@ -206,7 +218,7 @@ def _allocate_rounds(rounds: int, reconcile: bool) -> tuple[list[float], list[fl
         written: list[tuple[str, str]] = []
         for i in range(rounds + 20):
             _settle(agent, *written)
-            elapsed = caller.allocate(endpoint, [[f"{name}-0"]])
+            elapsed = kubelet.allocate(resource, [[f"{name}-0"]])
             # Untimed: free the slot again through the claim store, as the reconciler would.
             agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
             _settle(agent, (name, _version(agent.claims.last_seen.get(name))))

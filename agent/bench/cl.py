@@ -6,8 +6,8 @@ plugins, in the same run, over gRPC as the kubelet calls them, with the API serv
 process (``agent.bench.agent``'s setup). The CL plugin writes the 4 claims concurrently, so
 the 4-device call should cost little more than a 1-device one: ``ratio_p50`` is the p50 of the
 former over the p50 of the latter. Every claim is released between calls, untimed, through
-the agent's claim store as the reconciler would. The calls come from a process of their
-own, as the kubelet's do (``agent.bench.caller``).
+the agent's claim store as the reconciler would. The kubelet, and so the calls, run in a
+process of their own, as on a node (``agent.bench.kubelet``).
 
 What bounds the ratio: a claim's time in the agent is mostly CPU in the HTTP client stack
 (kubernetes client, urllib3, http.client), and the agent's threads share one interpreter lock,
@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.bench import ensure_migrated, percentile
 from agent.bench.agent import CONFIG, _healthy, _settle, _version, agents, configuration
-from agent.bench.caller import KubeletCaller
+from agent.bench.kubelet import KubeletProcess
 from agent.domain.naming import cl_device_id, cl_resource_name, il_resource_name, slot_key
 from agent.node.agent import NodeAgent
 
@@ -61,33 +61,28 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
     ensure_migrated()
     rounds = 50 if quick else 400
     descriptions = [f"cam{i}" for i in range(DEVICES)]
-    with agents(["node-a"], reconcile=True) as (api, [node], _), KubeletCaller() as caller:
+    with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], _):
         api.create_configuration(configuration(descriptions))  # uniqueDevices defaults to true
         agent = node.agent
+        kubelet = node.kubelet
+        assert isinstance(kubelet, KubeletProcess)
         instances = _instances(agent, DEVICES)
         resource = cl_resource_name(CONFIG)
-        _healthy(node.kubelet, resource, DEVICES)
+        _healthy(kubelet, resource, DEVICES)
         for name in instances:
-            _healthy(node.kubelet, il_resource_name(name), 2)
-        registered = node.kubelet.resources()
-        cl_call = (
-            registered[resource].endpoint,
-            [[cl_device_id(CONFIG, n) for n in range(DEVICES)]],
-        )
-        singles = [
-            (registered[il_resource_name(name)].endpoint, [[slot_key(name, 0)]])
-            for name in instances
-        ]
+            _healthy(kubelet, il_resource_name(name), 2)
+        cl_call = (resource, [[cl_device_id(CONFIG, n) for n in range(DEVICES)]])
+        singles = [(il_resource_name(name), [[slot_key(name, 0)]]) for name in instances]
         cl_ms: list[float] = []
         single_ms: list[float] = []
         four_ms: list[float] = []  # the 4 single calls of a round, added up
         for i in range(rounds + WARM_UP):
-            elapsed = caller.allocate(*cl_call)
+            elapsed = kubelet.allocate(*cl_call)
             _check_unique(agent, instances)
             _settle(agent, *_release_all(agent, instances))
             singles_ms = []
             for call in singles:
-                singles_ms.append(caller.allocate(*call))
+                singles_ms.append(kubelet.allocate(*call))
                 _settle(agent, *_release_all(agent, instances))
             if i >= WARM_UP:
                 cl_ms.append(elapsed)

@@ -150,7 +150,7 @@ class ResourceWatcher:
         self.synced.set()
 
     def watch_once(self) -> None:
-        self._watch = watch.Watch()
+        self._watch = _Watch()
         try:
             stream = self._watch.stream(
                 self.list_func,
@@ -200,6 +200,17 @@ class ResourceWatcher:
         )
         if relisted:
             SyncState.objects.filter(pk=row.pk).update(relists=row.relists + 1)
+
+
+class _Watch(watch.Watch):
+    """Decodes each event only once no Allocate is in flight (``foreground``): the echo of an
+    Allocate's own claim arrives while its answer is on the way out, and decoding it (the
+    official client parses every event twice) would take the interpreter from the threads
+    carrying that answer."""
+
+    def unmarshal_event(self, data: str, return_type: Any) -> Any:
+        FOREGROUND.wait_idle()
+        return super().unmarshal_event(data, return_type)
 
 
 Subscriber = Callable[[str, str, dict[str, Any] | None], None]
