@@ -192,6 +192,21 @@ def test_a_slot_whose_pod_never_shows_is_kept_for_the_grace_then_released(
     assert event.run_id == late.pk and "after Allocate" in event.detail
 
 
+def test_an_allocation_that_lost_its_slot_is_not_looked_up_at_the_kubelet(
+    kube, api, store, instance, kubelet, direct, clock
+):
+    allocate_il(direct, store, NAME, KEY0)
+    store.release(NAME, KEY0, "node-a")  # rolled back, or released by someone, before a pod
+    calls = kubelet.calls
+
+    assert direct.learn() is None
+    assert kubelet.calls == calls  # no pod to name: the kubelet is not asked
+
+    allocate_il(direct, store, NAME, KEY0)  # held again: now there is something to learn
+    running(kube, direct, kubelet, "web-1")  # (asserts the pod was learned)
+    assert kubelet.calls == calls + 1
+
+
 def test_a_pod_seen_within_the_grace_keeps_its_slot_for_good(
     kube, api, store, instance, kubelet, direct, clock
 ):

@@ -742,6 +742,13 @@ class NodeReconciler:
         self._learn_due = None
         if not unnamed:
             return None
+        if not self._still_held(unnamed):
+            # Every allocation waiting for its pod has lost its slot since (rolled back,
+            # released by someone): no pod to name, no List to ask the kubelet for. The
+            # bindings go once their grace is over; until then, look again (backing off).
+            if any(self.clock() - b.allocated_at < self.grace for b in unnamed):
+                self._schedule_learn()
+            return None
         book = RunBook(self.node, ReconcileRun.Trigger.EVENT, self.clock(), always=False)
         listed_at = self.clock()
         try:
@@ -765,6 +772,18 @@ class NodeReconciler:
         if still:
             self._schedule_learn()
         return run
+
+    def _still_held(self, bindings: list[Binding]) -> bool:
+        """Whether the cache shows any of these bindings' slots held by this node."""
+        return (
+            Slot.objects.filter(
+                instance__namespace=self.namespace,
+                key__in=[b.slot for b in bindings],
+                holder_node=self.node,
+            )
+            .only("pk")
+            .exists()
+        )
 
     def _nothing_to_learn(
         self, unnamed: list[Binding], uses: list[DeviceUse], listed_at: datetime
