@@ -191,6 +191,7 @@ def test_preferred_allocation_names_the_lowest_available_devices(cluster):
     start(cluster)
     kubelet = cluster["node-a"].kubelet
     kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    kubelet.wait_devices(f"akri.sh/{FOO0}")  # its IL plugin registers on its own schedule
     state = kubelet.resources()[RESOURCE]
     assert state.options.get_preferred_allocation_available
     il = kubelet.resources()[f"akri.sh/{FOO0}"]

@@ -60,8 +60,13 @@ def assert_views(cluster: AgentCluster, expected: Views) -> None:
 def assert_devices(cluster: AgentCluster, node: str, resource: str, wanted: dict) -> None:
     """The kubelet's list of ``resource`` on ``node`` reaches ``wanted`` (id -> health)."""
     kubelet = cluster[node].kubelet
-    kubelet.wait_for(lambda: kubelet.resources()[resource].devices == wanted)
-    assert kubelet.resources()[resource].devices == wanted
+
+    def devices() -> dict | None:
+        state = kubelet.resources().get(resource)  # None until its plugin has registered
+        return state.devices if state is not None else None
+
+    kubelet.wait_for(lambda: devices() == wanted)
+    assert devices() == wanted
 
 
 def device_usage(cluster: AgentCluster) -> dict[str, dict[str, str]]:
