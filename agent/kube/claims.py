@@ -15,6 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
@@ -66,6 +67,16 @@ _TRANSIENT = {429, 500, 502, 503, 504}
 _CONFLICT = {409, 422}
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One decision of a claim or release: the patch to write, or what to answer without
+    writing (a result, or a refusal to raise)."""
+
+    ops: list[dict[str, Any]] | None = None
+    result: str = ""
+    refusal: Exception | None = None
+
+
 class ClaimStore:
     """Conditional slot writes for one namespace, on behalf of one actor (a node or a user)."""
 
@@ -112,37 +123,21 @@ class ClaimStore:
         ``ClaimStoreError``. ``current`` is the Instance as the caller last saw it (else the cache);
         only a decision to write comes from it, anything else is confirmed by a fresh read.
         """
-        obj = current or self.last_seen.get(instance) or self._cached(instance)
-        fresh = False
-        started = time.perf_counter()
-        for attempt in range(self.attempts):
-            if obj is None:
-                obj, fresh = self._read(instance), True
-                self.last_seen[instance] = obj
-            state = InstanceState.from_object(obj)
+
+        def plan(state: InstanceState, rv: str) -> _Plan:
             outcome = decide_claim(state, key, wanted)
-            if outcome is not ClaimOutcome.CLAIM and not fresh:
-                # A decision to write nothing must come from the API server, not the cache.
-                obj = None
-                continue
+            if outcome is ClaimOutcome.CLAIM:
+                return _Plan(ops=claim_patch(state, key, wanted, rv))
             if outcome is ClaimOutcome.ALREADY_OURS:
-                return "already ours"
+                return _Plan(result="already ours")
             if outcome is ClaimOutcome.NO_SLOT:
-                raise UnknownSlot(f"{key} is not a slot of Instance {instance}")
-            if outcome in (ClaimOutcome.TAKEN, ClaimOutcome.FOREIGN):
-                raise SlotTaken(key, state.device_usage.get(key, ""))
-            ops = claim_patch(state, key, wanted, obj["metadata"].get("resourceVersion", ""))
-            attribution = cache.Attribution(
-                cause, self.actor, node=node, pod=pod, detail=detail, run=run
-            )
-            answer = self._attributed_write(instance, key, wanted, ops, attempt, attribution)
-            if answer is None:
-                obj = None  # conflict: re-read and decide again
-                continue
-            metrics.CLAIM_SECONDS.labels("claim").observe(time.perf_counter() - started)
-            self._applied(answer, {key: attribution})
-            return "claimed"
-        raise ClaimStoreError(f"claim of {key} gave up after {self.attempts} conflicting attempts")
+                return _Plan(refusal=UnknownSlot(f"{key} is not a slot of Instance {instance}"))
+            return _Plan(refusal=SlotTaken(key, state.device_usage.get(key, "")))
+
+        attribution = cache.Attribution(
+            cause, self.actor, node=node, pod=pod, detail=detail, run=run
+        )
+        return self._change("claim", "claimed", instance, key, wanted, plan, attribution, current)
 
     def release(
         self,
@@ -162,35 +157,60 @@ class ClaimStore:
         Raises ``SlotChanged`` when it holds something else, ``InstanceGone`` or
         ``ClaimStoreError``.
         """
+
+        def plan(state: InstanceState, rv: str) -> _Plan:
+            outcome = decide_release(state, key, expected)
+            if outcome is ReleaseOutcome.RELEASE:
+                return _Plan(ops=release_patch(state, key, expected, rv))
+            if outcome in (ReleaseOutcome.ALREADY_FREE, ReleaseOutcome.NO_SLOT):
+                return _Plan(result="already free")
+            return _Plan(refusal=SlotChanged(key, expected, state.device_usage.get(key, "")))
+
+        attribution = cache.Attribution(
+            cause, self.actor, node=node, pod=pod, detail=detail, run=run
+        )
+        return self._change("release", "released", instance, key, "", plan, attribution, current)
+
+    def _change(
+        self,
+        verb: str,
+        done: str,
+        instance: str,
+        key: str,
+        value: str,
+        plan: Callable[[InstanceState, str], _Plan],
+        attribution: cache.Attribution,
+        current: dict[str, Any] | None,
+    ) -> str:
+        """What claim and release share: decide, write conditionally, and on a conflict
+        re-read from the API server and decide again. A decision to write starts from what
+        the caller, this store or the cache saw last; a decision not to (a result or a
+        refusal) is only taken from a fresh read."""
         obj = current or self.last_seen.get(instance) or self._cached(instance)
         fresh = False
         started = time.perf_counter()
         for attempt in range(self.attempts):
             if obj is None:
                 obj, fresh = self._read(instance), True
-            state = InstanceState.from_object(obj)
-            outcome = decide_release(state, key, expected)
-            if outcome is not ReleaseOutcome.RELEASE and not fresh:
-                obj = None
-                continue
-            if outcome in (ReleaseOutcome.ALREADY_FREE, ReleaseOutcome.NO_SLOT):
-                return "already free"
-            if outcome is ReleaseOutcome.CHANGED:
-                raise SlotChanged(key, expected, state.device_usage.get(key, ""))
-            ops = release_patch(state, key, expected, obj["metadata"].get("resourceVersion", ""))
-            attribution = cache.Attribution(
-                cause, self.actor, node=node, pod=pod, detail=detail, run=run
+                self.last_seen[instance] = obj
+            decided = plan(
+                InstanceState.from_object(obj), obj["metadata"].get("resourceVersion", "")
             )
-            answer = self._attributed_write(instance, key, "", ops, attempt, attribution)
+            if decided.ops is None:
+                if not fresh:
+                    obj = None  # confirm with the API server first
+                    continue
+                if decided.refusal is not None:
+                    raise decided.refusal
+                return decided.result
+            answer = self._attributed_write(instance, key, value, decided.ops, attempt, attribution)
             if answer is None:
-                obj = None
+                obj = None  # conflict: re-read and decide again
                 continue
-            metrics.CLAIM_SECONDS.labels("release").observe(time.perf_counter() - started)
+            metrics.CLAIM_SECONDS.labels(verb).observe(time.perf_counter() - started)
             self._applied(answer, {key: attribution})
-            return "released"
-        raise ClaimStoreError(
-            f"release of {key} gave up after {self.attempts} conflicting attempts"
-        )
+            return done
+        raise ClaimStoreError(f"{verb} of {key} gave up after {self.attempts} conflicting attempts")
 
     # --- steps ----------------------------------------------------------------------------
     def _cached(self, instance: str) -> dict[str, Any] | None:
