@@ -10,6 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from agent import reconcile_cluster as cluster
+from agent import retention
 from agent.models import ReconcileRun
 
 
@@ -25,3 +26,9 @@ def reconcile_cluster(
         task_id=self.request.id or "",
     )
     return run.pk if run is not None else None
+
+
+@shared_task(ignore_result=True)
+def prune_runs() -> int:
+    """Drop reconciliation runs past their retention (see ``agent.retention``)."""
+    return retention.prune_runs()

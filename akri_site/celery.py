@@ -16,11 +16,18 @@ app.autodiscover_tasks()
 # waited longer than one interval in the queue is dropped (the next one is as good), and the
 # pass itself takes a lock, so beat and event-triggered runs never overlap.
 CLUSTER_RECONCILE_SECONDS = env.number("AKRI_CLUSTER_RECONCILE_SECONDS", 30.0, minimum=1)
+# Reconciliation history past its retention (agent.retention) goes once an hour.
+PRUNE_SECONDS = 3600.0
 app.conf.beat_schedule = {
     "reconcile-cluster": {
         "task": "agent.tasks.reconcile_cluster",
         "schedule": CLUSTER_RECONCILE_SECONDS,
         "kwargs": {"trigger": "schedule"},
         "options": {"expires": CLUSTER_RECONCILE_SECONDS},
+    },
+    "prune-runs": {
+        "task": "agent.tasks.prune_runs",
+        "schedule": PRUNE_SECONDS,
+        "options": {"expires": PRUNE_SECONDS},
     },
 }

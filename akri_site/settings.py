@@ -158,6 +158,9 @@ AKRI = {
     "STALE_SECONDS": env.number("AKRI_STALE_SECONDS", 90.0, minimum=1),
     # Watch streams end and restart this often, so a quiet cluster still shows progress.
     "WATCH_TIMEOUT_SECONDS": env.integer("AKRI_WATCH_TIMEOUT_SECONDS", 55, minimum=1, maximum=3600),
+    # Hours a reconciliation run that changed nothing stays in the history. Runs that released,
+    # restored or hit a conflict or error are kept (they are the history operators read).
+    "RUN_RETENTION_HOURS": env.number("AKRI_RUN_RETENTION_HOURS", 48.0, minimum=0.01),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
 }

@@ -186,6 +186,9 @@ def test_the_beat_schedule_runs_the_task_with_an_expiry():
     assert entry["task"] == tasks.reconcile_cluster.name
     assert 0 < entry["options"]["expires"] <= entry["schedule"]
     assert tasks.reconcile_cluster.acks_late
+    prune = app.conf.beat_schedule["prune-runs"]
+    assert prune["task"] == tasks.prune_runs.name
+    assert 0 < prune["options"]["expires"] <= prune["schedule"]
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from agent import metrics
+from agent import metrics, retention
 from agent.domain.naming import cl_resource_name, il_resource_name, slot_index
 from agent.domain.slots import InstanceState, UsageKind, format_cl, format_il, parse_usage
 from agent.kube import cache
@@ -90,6 +90,7 @@ TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 # Learn passes after an Allocate: soon, then backing off while the pod stays unnamed.
 LEARN_FIRST_DELAY = 0.02
 LEARN_MAX_DELAY = 1.0
+PRUNE_INTERVAL = 3600.0  # seconds between prunes of this node's run history
 # Tombstones of deleted pods are kept this long (latency metric, GONE without a GET).
 TOMBSTONE_SECONDS = 3600.0
 DETAIL_LINES = 60
@@ -551,8 +552,14 @@ class NodeReconciler:
         try:
             self._guarded(self.sweep, ReconcileRun.Trigger.STARTUP)
             next_sweep = time.monotonic() + self.sweep_interval
+            next_prune = time.monotonic()
             while not self._stopping.is_set():
                 now = time.monotonic()
+                if now >= next_prune:
+                    # This node's own history, in the agent's database; the cluster's Celery
+                    # beat prunes the shared one.
+                    self._guarded(self.prune_runs)
+                    next_prune = now + PRUNE_INTERVAL
                 due = [next_sweep] + ([self._learn_due] if self._learn_due is not None else [])
                 self._wake.wait(max(0.0, min(due) - now))
                 self._wake.clear()
@@ -735,6 +742,13 @@ class NodeReconciler:
     def reconcile_slots(self, slots: Iterable[str]) -> ReconcileRun | None:
         """A targeted pass (event trigger) over some slots; a row only if it changed something."""
         return self._pass(ReconcileRun.Trigger.EVENT, set(slots), always=False)
+
+    def prune_runs(self) -> int:
+        """Drop this node's uneventful runs past their retention (``agent.retention``)."""
+        pruned = retention.prune_runs(node=self.node)
+        if pruned:
+            log.info("%s: pruned %d reconciliation runs past their retention", self.node, pruned)
+        return pruned
 
     def learn(self) -> ReconcileRun | None:
         """Name the pods of unnamed bindings from PodResources (after Allocate)."""
