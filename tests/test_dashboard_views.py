@@ -328,6 +328,7 @@ def test_reconciliation_history_paginates_newest_first(login):
 
     assert first.count("<tr data-run=") == 50 and second.count("<tr data-run=") == 10
     assert "Page 1 of 2 (60 in all)" in first and 'href="?page=2"' in first
+    assert "Runs that changed nothing are kept for 48 hours" in first  # AKRI_RUN_RETENTION_HOURS
 
 
 def test_run_detail_lists_the_events_it_caused(login, run):

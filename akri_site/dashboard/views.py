@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.core.paginator import EmptyPage, Page, Paginator
 from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse
@@ -260,6 +261,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         start=start,
         end=end,
         appendable=appendable,
+        retention_hours=settings.AKRI["RUN_RETENTION_HOURS"],
         run_filters={k: data.get(k) or "" for k in ("scope", "node", "trigger", "result")},
         live_query=_live_query("runs", {}),
         **context,
