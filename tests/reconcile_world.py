@@ -10,32 +10,14 @@ from typing import Any
 
 from kubernetes import client
 
+from agent.bench.claims import instance_body
 from agent.domain.naming import cl_resource_name, il_resource_name
-from agent.domain.slots import format_cl, initial_usage
+from agent.domain.slots import format_cl
 from agent.kube import cache
 from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.node.podresources import DeviceUse, PodResourcesUnavailable
 from agent.node.reconcile import NodeReconciler
-
-
-def instance_body(
-    name: str, capacity: int, nodes: list[str], configuration: str = "cams"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "akri.sh/v0",
-        "kind": "Instance",
-        "metadata": {"name": name},
-        "spec": {
-            "configurationName": configuration,
-            "cdiName": f"akri.sh/{configuration}={name[-6:]}",
-            "capacity": capacity,
-            "shared": True,
-            "nodes": nodes,
-            "brokerProperties": {},
-            "deviceUsage": initial_usage(name, capacity),
-        },
-    }
 
 
 def configuration_body(name: str, capacity: int = 2) -> dict[str, Any]:
@@ -57,7 +39,7 @@ def make_instance(
     nodes: tuple[str, ...] = ("node-a", "node-b"),
     configuration: str = "cams",
 ) -> dict[str, Any]:
-    created = api.create_instance(instance_body(name, capacity, list(nodes), configuration))
+    created = api.create_instance(instance_body(name, capacity, configuration, nodes))
     cache.apply_instance(created)
     return created
 

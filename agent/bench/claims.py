@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from agent.bench import ensure_migrated, percentile
@@ -17,7 +18,10 @@ from agent.kube.watch import CacheSync
 from agent.simulator.apiserver import ApiServerSimulator
 
 
-def instance_body(name: str, capacity: int, configuration: str = "bench") -> dict[str, Any]:
+def instance_body(
+    name: str, capacity: int, configuration: str = "bench", nodes: Sequence[str] = ("node-a",)
+) -> dict[str, Any]:
+    """A shared Instance as our agents create it, every slot free (benches and tests)."""
     return {
         "apiVersion": "akri.sh/v0",
         "kind": "Instance",
@@ -27,7 +31,7 @@ def instance_body(name: str, capacity: int, configuration: str = "bench") -> dic
             "cdiName": f"akri.sh/{configuration}={name[-6:]}",
             "capacity": capacity,
             "shared": True,
-            "nodes": ["node-a"],
+            "nodes": list(nodes),
             "brokerProperties": {},
             "deviceUsage": initial_usage(name, capacity),
         },

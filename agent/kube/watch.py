@@ -247,6 +247,7 @@ class CacheSync:
         self._queue: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         # resourceVersions the watch delivered lately, per Instance (bounded).
         self._watched: dict[str, deque[str]] = {}
+        self._watched_grew = threading.Condition()  # for wait_watched
         # The last version per Instance that submit_direct applied and announced.
         self._direct_rv: dict[str, str] = {}
         # Attributions of our writes in flight, oldest first per (instance, slot, value), with
@@ -310,17 +311,19 @@ class CacheSync:
         """Wait until the watch has brought version ``rv`` (or a newer one) of Instance
         ``name`` and the applier is done with it: the echo of a write has passed. For
         benchmarks and tests that must not time the tail of an earlier write."""
-        if not rv:
-            return self.drain(timeout)  # no version to wait for: what is queued, then
         deadline = time.monotonic() + timeout
-        while self.drain(max(0.0, deadline - time.monotonic())):
-            seen = self._watched.get(name)
-            if seen and cache.not_newer(rv, seen[-1]):
-                return True
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.0002)
-        return False
+        if rv:
+            with self._watched_grew:
+                while not self._has_watched(name, rv):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._watched_grew.wait(remaining)
+        return self.drain(max(0.0, deadline - time.monotonic()))
+
+    def _has_watched(self, name: str, rv: str) -> bool:
+        seen = self._watched.get(name)
+        return bool(seen) and cache.not_newer(rv, seen[-1])
 
     def stop(self) -> None:
         self.configurations.stop()
@@ -401,10 +404,12 @@ class CacheSync:
         close_old_connections()
 
     def _remember(self, name: str, rv: str) -> None:
-        seen = self._watched.get(name)
-        if seen is None:
-            seen = self._watched[name] = deque(maxlen=64)
-        seen.append(rv)
+        with self._watched_grew:
+            seen = self._watched.get(name)
+            if seen is None:
+                seen = self._watched[name] = deque(maxlen=64)
+            seen.append(rv)
+            self._watched_grew.notify_all()
 
     def _direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
