@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection, transaction
 
 from agent.bench.claims import instance_body
+from agent.kube import cache
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
 from agent.models import Configuration, Instance, Slot, SyncState
@@ -182,3 +186,37 @@ def test_wait_watched_returns_once_the_echo_of_a_write_is_in_the_cache(api, sync
     # integers on etcd and the simulator; elsewhere they are opaque and this says nothing).
     if rv.isdigit():
         assert not sync.wait_watched("cams-8120fe", str(int(rv) + 10_000), timeout=0.3)
+
+
+def test_two_writers_of_one_instance_row_take_turns():
+    """The applier and a claim store applying its answer inline each read the row, decide
+    and write what differs: the second must read after the first has written, or it keeps
+    the first's pending echo beside an older version and the cache stays behind."""
+    body = instance_body("cams-8120fe", 2, configuration="cams")
+    body["metadata"].update(namespace="default", resourceVersion="1")
+    cache.apply_instance(body)
+    newer = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}}
+    holding, let_go = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with transaction.atomic():
+            cache._instance_row("default", "cams-8120fe")
+            holding.set()
+            let_go.wait(10)
+        connection.close()
+
+    def second() -> None:
+        holding.wait(10)
+        cache.apply_instance(newer)
+        connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    assert holding.wait(10)
+    threads[1].join(timeout=0.3)
+    assert threads[1].is_alive()  # waits for the first writer's transaction
+    let_go.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert Instance.objects.get(name="cams-8120fe").resource_version == "2"

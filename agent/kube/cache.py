@@ -164,11 +164,19 @@ def apply_instance(
 # a query each time, which is most of the cost of these one-row reads (measured on SQLite:
 # 0.21 ms -> 0.08 ms each; the applier's work competes with Allocate for the interpreter).
 def _instance_row(namespace: str, name: str) -> Instance | None:
+    """The row, locked until the transaction ends where the database locks rows. Two
+    writers of one Instance (the applier with a watch event, a claim store applying its
+    answer inline) each read, decide and write only what differs from what they read; on
+    PostgreSQL, unlocked, the second could overwrite the first's version but keep its
+    pending echo, and the cache would stay behind the API server (seen in the agent tests).
+    SQLite's write transactions (IMMEDIATE) already run one at a time."""
     qn = connection.ops.quote_name
     sql = (
         f"SELECT * FROM {qn(Instance._meta.db_table)} "
         f"WHERE {qn('namespace')} = %s AND {qn('name')} = %s"
     )
+    if connection.features.has_select_for_update:
+        sql += " FOR UPDATE"
     return next(iter(Instance.objects.raw(sql, [namespace, name])), None)
 
 
