@@ -2,7 +2,8 @@
 
 - ``allocate``: the Allocate RPC as the kubelet calls it (gRPC over the plugin's socket), next
   to a bare conditional write (JSON patch with a ``test``) by the same kind of client, the
-  two interleaved in one run so both see the same background load.
+  two interleaved in one run so both see the same background load; with them, the Allocate of
+  ``agent.bench.floor``'s plugin, which does nothing but the one write (``floor_*``).
 - ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
   list reaching the kubelet simulator of a node that did not make the change.
 - ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite and
@@ -30,6 +31,7 @@ import psutil
 from django.conf import settings
 
 from agent.bench import ensure_migrated, percentile
+from agent.bench.floor import FloorPlugin
 from agent.bench.kubelet import KubeletProcess
 from agent.discovery.base import HandlerRegistry
 from agent.discovery.debugecho import DebugEchoHandler
@@ -194,68 +196,98 @@ def _version(obj: dict[str, Any] | None) -> str:
     return (obj or {}).get("metadata", {}).get("resourceVersion", "")
 
 
-def _allocate_rounds(rounds: int, reconcile: bool) -> tuple[list[float], list[float]]:
-    """(Allocate ms, bare write ms), interleaved, after 20 untimed warm-up rounds. The
-    kubelet, and so the Allocates, run in a process of their own, as on a node
-    (``agent.bench.kubelet``); the bare writes come from this one, the agent's, with the
-    agent's background work around them."""
+@dataclass
+class _AllocateSamples:
+    allocate: list[float]
+    bare: list[float]
+    floor: list[float]  # Allocates of agent.bench.floor's plugin (empty if not measured)
+
+
+def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamples:
+    """Allocate ms, bare write ms and (with ``floor``) floor-plugin Allocate ms, interleaved,
+    after 20 untimed warm-up rounds. The kubelet, and so the Allocates, run in a process of
+    their own, as on a node (``agent.bench.kubelet``); the bare writes come from this one, the
+    agent's, with the agent's background work around them. The three write different slots
+    of one Instance (capacity 3): the agent slot 0, the bare writes 1, the floor plugin 2."""
     with agents(["node-a"], reconcile=reconcile, kubelet_process=True) as (
         api,
         [node],
         kubeconfig,
     ):
-        api.create_configuration(configuration(["foo0"]))
+        api.create_configuration(configuration(["foo0"], capacity=3))
         name = _instance(api)
         resource = f"akri.sh/{name}"
         kubelet = node.kubelet
         assert isinstance(kubelet, KubeletProcess)
-        _healthy(kubelet, resource, 2)
+        _healthy(kubelet, resource, 3)
         bare = AkriApi(new_api_client(kubeconfig), api.namespace)
         bare_key, bare_value = f"{name}-1", ""
         agent = node.agent
-        allocate_ms: list[float] = []
-        bare_ms: list[float] = []
+        plugin = None
+        if floor:
+            socket_path = os.path.join(os.path.dirname(kubeconfig), "floor.sock")
+            slots = {f"{name}-2": name}
+            plugin = FloorPlugin(
+                agent.loop, AkriApi(new_api_client(kubeconfig), api.namespace), socket_path, slots
+            ).start()
+        samples = _AllocateSamples([], [], [])
         written: list[tuple[str, str]] = []
-        for i in range(rounds + 20):
-            _settle(agent, *written)
-            elapsed = kubelet.allocate(resource, [[f"{name}-0"]])
-            # Untimed: free the slot again through the claim store, as the reconciler would.
-            agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
-            _settle(agent, (name, _version(agent.claims.last_seen.get(name))))
-            new = "" if bare_value else "node-x"
-            ops = [
-                {"op": "test", "path": f"/spec/deviceUsage/{bare_key}", "value": bare_value},
-                {"op": "replace", "path": f"/spec/deviceUsage/{bare_key}", "value": new},
-            ]
-            bare_started = time.perf_counter()
-            answer = bare.custom.patch_namespaced_custom_object(
-                "akri.sh", "v0", api.namespace, "instances", name, ops, _content_type=JSON_PATCH
-            )
-            bare_elapsed = time.perf_counter() - bare_started
-            written = [(name, _version(answer))]
-            bare_value = new
-            if i >= 20:
-                allocate_ms.append(elapsed)
-                bare_ms.append(bare_elapsed * 1000)
-    return allocate_ms, bare_ms
+        try:
+            for i in range(rounds + 20):
+                _settle(agent, *written)
+                elapsed = kubelet.allocate(resource, [[f"{name}-0"]])
+                # Untimed: free the slot again through the claim store, as the reconciler would.
+                agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
+                _settle(agent, (name, _version(agent.claims.last_seen.get(name))))
+                new = "" if bare_value else "node-x"
+                ops = [
+                    {"op": "test", "path": f"/spec/deviceUsage/{bare_key}", "value": bare_value},
+                    {"op": "replace", "path": f"/spec/deviceUsage/{bare_key}", "value": new},
+                ]
+                bare_started = time.perf_counter()
+                answer = bare.custom.patch_namespaced_custom_object(
+                    "akri.sh", "v0", api.namespace, "instances", name, ops, _content_type=JSON_PATCH
+                )
+                bare_elapsed = time.perf_counter() - bare_started
+                written = [(name, _version(answer))]
+                bare_value = new
+                floor_elapsed = 0.0
+                if plugin is not None:
+                    _settle(agent, *written)
+                    floor_elapsed = kubelet.allocate(resource, [[f"{name}-2"]], plugin.socket_path)
+                    written = list(plugin.versions.items())
+                if i >= 20:
+                    samples.allocate.append(elapsed)
+                    samples.bare.append(bare_elapsed * 1000)
+                    if plugin is not None:
+                        samples.floor.append(floor_elapsed)
+        finally:
+            if plugin is not None:
+                plugin.stop()
+    return samples
 
 
 def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     """As runagent runs (slot reconciler on, its Allocate hook included), then without the
-    reconciler, each with its own bare baseline from the same run."""
+    reconciler, each with its own bare baseline from the same run. The first run also times
+    ``agent.bench.floor``'s plugin, whose Allocate is nothing but the one conditional write:
+    ``floor_ratio_p50`` is the ratio an agent that added nothing to its write would print."""
     ensure_migrated()
     rounds = 100 if quick else 1000
-    allocate_ms, bare_ms = _allocate_rounds(rounds, reconcile=True)
-    plain_ms, plain_bare_ms = _allocate_rounds(rounds, reconcile=False)
-    p50, bare_p50 = percentile(allocate_ms, 50), percentile(bare_ms, 50)
-    plain_p50, plain_bare_p50 = percentile(plain_ms, 50), percentile(plain_bare_ms, 50)
+    on = _allocate_rounds(rounds, reconcile=True, floor=True)
+    off = _allocate_rounds(rounds, reconcile=False, floor=False)
+    p50, bare_p50 = percentile(on.allocate, 50), percentile(on.bare, 50)
+    floor_p50 = percentile(on.floor, 50)
+    plain_p50, plain_bare_p50 = percentile(off.allocate, 50), percentile(off.bare, 50)
     return {
         "p50_ms": p50,
-        "p99_ms": percentile(allocate_ms, 99),
+        "p99_ms": percentile(on.allocate, 99),
         "bare_p50_ms": bare_p50,
         "ratio_p50": p50 / bare_p50,
+        "floor_p50_ms": floor_p50,
+        "floor_ratio_p50": floor_p50 / bare_p50,
         "no_reconciler_p50_ms": plain_p50,
-        "no_reconciler_p99_ms": percentile(plain_ms, 99),
+        "no_reconciler_p99_ms": percentile(off.allocate, 99),
         "no_reconciler_ratio_p50": plain_p50 / plain_bare_p50,
         "rounds": rounds,
     }

@@ -9,6 +9,10 @@ former over the p50 of the latter. Every claim is released between calls, untime
 the agent's claim store as the reconciler would. The kubelet, and so the calls, run in a
 process of their own, as on a node (``agent.bench.kubelet``).
 
+Next to it the same run times ``agent.bench.floor``'s plugin, whose Allocate is nothing but
+its conditional writes (4 concurrent, or 1): ``floor_ratio_p50`` is the ratio an agent that
+added nothing to its writes would print, the bound the machine and the client stack set.
+
 What bounds the ratio: a claim's time in the agent is mostly CPU in the HTTP client stack
 (kubernetes client, urllib3, http.client), and the agent's threads share one interpreter lock,
 so four concurrent claims overlap only the API server's share and the network waits.
@@ -16,13 +20,16 @@ so four concurrent claims overlap only the API server's share and the network wa
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from agent.bench import ensure_migrated, percentile
 from agent.bench.agent import CONFIG, _healthy, _settle, _version, agents, configuration
+from agent.bench.floor import FloorPlugin
 from agent.bench.kubelet import KubeletProcess
 from agent.domain.naming import cl_device_id, cl_resource_name, il_resource_name, slot_key
+from agent.kube.client import AkriApi, new_api_client
 from agent.node.agent import NodeAgent
 
 DEVICES = 4
@@ -61,7 +68,7 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
     ensure_migrated()
     rounds = 50 if quick else 400
     descriptions = [f"cam{i}" for i in range(DEVICES)]
-    with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], _):
+    with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], kubeconfig):
         api.create_configuration(configuration(descriptions))  # uniqueDevices defaults to true
         agent = node.agent
         kubelet = node.kubelet
@@ -73,22 +80,42 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
             _healthy(kubelet, il_resource_name(name), 2)
         cl_call = (resource, [[cl_device_id(CONFIG, n) for n in range(DEVICES)]])
         singles = [(il_resource_name(name), [[slot_key(name, 0)]]) for name in instances]
+        # The floor plugin writes slot 1 of each Instance (the agent's claims take slot 0).
+        floor_slots = {slot_key(name, 1): name for name in instances}
+        socket_path = os.path.join(os.path.dirname(kubeconfig), "floor.sock")
+        floor = FloorPlugin(
+            agent.loop, AkriApi(new_api_client(kubeconfig), api.namespace), socket_path, floor_slots
+        ).start()
         cl_ms: list[float] = []
         single_ms: list[float] = []
         four_ms: list[float] = []  # the 4 single calls of a round, added up
-        for i in range(rounds + WARM_UP):
-            elapsed = kubelet.allocate(*cl_call)
-            _check_unique(agent, instances)
-            _settle(agent, *_release_all(agent, instances))
-            singles_ms = []
-            for call in singles:
-                singles_ms.append(kubelet.allocate(*call))
+        floor_ms: list[float] = []
+        floor_single_ms: list[float] = []
+        try:
+            for i in range(rounds + WARM_UP):
+                elapsed = kubelet.allocate(*cl_call)
+                _check_unique(agent, instances)
                 _settle(agent, *_release_all(agent, instances))
-            if i >= WARM_UP:
-                cl_ms.append(elapsed)
-                single_ms.extend(singles_ms)
-                four_ms.append(sum(singles_ms))
+                singles_ms = []
+                for call in singles:
+                    singles_ms.append(kubelet.allocate(*call))
+                    _settle(agent, *_release_all(agent, instances))
+                floor_four = kubelet.allocate(resource, [list(floor_slots)], socket_path)
+                _settle(agent, *floor.versions.items())
+                floor_singles = []
+                for key in floor_slots:
+                    floor_singles.append(kubelet.allocate(resource, [[key]], socket_path))
+                    _settle(agent, *floor.versions.items())
+                if i >= WARM_UP:
+                    cl_ms.append(elapsed)
+                    single_ms.extend(singles_ms)
+                    four_ms.append(sum(singles_ms))
+                    floor_ms.append(floor_four)
+                    floor_single_ms.extend(floor_singles)
+        finally:
+            floor.stop()
     p50, single_p50 = percentile(cl_ms, 50), percentile(single_ms, 50)
+    floor_p50, floor_single_p50 = percentile(floor_ms, 50), percentile(floor_single_ms, 50)
     return {
         "p50_ms": p50,
         "p99_ms": percentile(cl_ms, 99),
@@ -96,6 +123,9 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
         "single_p99_ms": percentile(single_ms, 99),
         "ratio_p50": p50 / single_p50,
         "four_singles_p50_ms": percentile(four_ms, 50),
+        "floor_p50_ms": floor_p50,
+        "floor_single_p50_ms": floor_single_p50,
+        "floor_ratio_p50": floor_p50 / floor_single_p50,
         "rounds": rounds,
     }
 

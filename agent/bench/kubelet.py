@@ -11,6 +11,7 @@ stdout, one JSON line a request; the milliseconds of an Allocate are measured in
 around the call alone:
 
     {"op": "allocate", "resource": "akri.sh/x", "ids": [["x-0"]]}  ->  {"ms": 1.234}
+    the same with "endpoint": "/path/to.sock" dials that socket instead
     {"op": "healthy", "resource": "akri.sh/x", "count": 2}          ->  {"ok": true}
     anything refused or failed                                      ->  {"error": "..."}
 """
@@ -61,9 +62,12 @@ class KubeletProcess:
         )
         self._ask({"op": "ready"})  # kubelet.sock is there: the agent can register
 
-    def allocate(self, resource: str, ids: list[list[str]]) -> float:
-        """One Allocate, one container request per list of device ids; its milliseconds."""
-        return float(self._ask({"op": "allocate", "resource": resource, "ids": ids})["ms"])
+    def allocate(self, resource: str, ids: list[list[str]], endpoint: str = "") -> float:
+        """One Allocate, one container request per list of device ids; its milliseconds.
+        ``endpoint`` dials that plugin socket instead of the one registered for ``resource``
+        (a plugin the kubelet was never told of, as ``agent.bench.floor``'s)."""
+        request = {"op": "allocate", "resource": resource, "ids": ids, "endpoint": endpoint}
+        return float(self._ask(request)["ms"])
 
     def wait_healthy(self, resource: str, count: int, timeout: float = 20.0) -> None:
         self._ask({"op": "healthy", "resource": resource, "count": count, "timeout": timeout})
@@ -108,15 +112,15 @@ class _Child:
             )
             return {"ok": True}
         if op == "allocate":
-            return self.allocate(request["resource"], request["ids"])
+            return self.allocate(request["resource"], request["ids"], request.get("endpoint", ""))
         return {"error": f"unknown op {op!r}"}
 
-    def allocate(self, resource: str, ids: list[list[str]]) -> dict[str, Any]:
-        stub = self.stubs.get(resource)
+    def allocate(self, resource: str, ids: list[list[str]], endpoint: str) -> dict[str, Any]:
+        stub = self.stubs.get(endpoint or resource)
         if stub is None:
-            endpoint = self.kubelet.resources()[resource].endpoint
-            channel = grpc.insecure_channel("unix://" + endpoint, options=_OPTIONS)
-            stub = self.stubs[resource] = dp_grpc.DevicePluginStub(channel)
+            path = endpoint or self.kubelet.resources()[resource].endpoint
+            channel = grpc.insecure_channel("unix://" + path, options=_OPTIONS)
+            stub = self.stubs[endpoint or resource] = dp_grpc.DevicePluginStub(channel)
         message = dp.AllocateRequest(
             container_requests=[dp.ContainerAllocateRequest(devices_ids=i) for i in ids]
         )
