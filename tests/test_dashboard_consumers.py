@@ -208,6 +208,39 @@ def test_a_delta_that_no_longer_matches_the_filters_removes_the_row(cluster, vie
     run(scenario)
 
 
+def test_a_pod_filter_follows_the_pod_to_its_new_slot(cluster, viewer):
+    def move_pod() -> None:
+        Slot.objects.filter(key="akri-onvif-000002-0").update(pod_namespace="", pod_name="")
+        Slot.objects.filter(key="akri-onvif-000005-3").update(
+            value="node-b",
+            level="IL",
+            holder_node="node-b",
+            since=timezone.now(),
+            pod_namespace="apps",
+            pod_name="work-2",
+        )
+
+    async def scenario():
+        communicator = socket(viewer, "pod=apps/work-2")
+        assert (await communicator.connect())[0]
+        snapshot = await communicator.receive_json_from()
+        assert snapshot["filters"] == {"pod": "apps/work-2"}
+        (instance,) = snapshot["instances"]
+        assert instance["match"] == ["akri-onvif-000002-0"]
+
+        await database_sync_to_async(move_pod)()
+        await database_sync_to_async(live.publish_instances)(
+            ["default/akri-onvif-000002", "default/akri-onvif-000005"]
+        )
+        delta = await communicator.receive_json_from()
+        assert delta["removed"] == ["default/akri-onvif-000002"]
+        (row,) = delta["instances"]
+        assert (row["key"], row["match"]) == ("default/akri-onvif-000005", ["akri-onvif-000005-3"])
+        await communicator.disconnect()
+
+    run(scenario)
+
+
 def test_ping_gets_pong_with_the_cache_freshness(cluster, viewer):
     async def scenario():
         communicator = socket(viewer)

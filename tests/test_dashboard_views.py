@@ -184,6 +184,50 @@ def test_slot_map_filters_by_state_node_and_configuration(login, cluster):
     assert "No slot matches" in client.get("/slots/?configuration=other").content.decode()
 
 
+def test_slot_map_finds_the_slots_of_a_pod(login, cluster):
+    client = login("viewer")
+
+    page = client.get("/slots/?pod=apps/work-3").content.decode()
+    assert page.count("<tr data-instance=") == 1
+    assert 'data-instance="default/akri-onvif-000003"' in page
+    assert 'data-slot="akri-onvif-000003-0" data-state="held" class="slot held"' in page
+    assert 'class="slot held dim"' in page  # the CL slot beside it: no pod named, faded
+    assert "1 slots of 1 Instances shown" in re.sub(r"<[^>]+>", "", page)
+    # Any part of namespace/name, in any case; a part that spans the slash too.
+    assert client.get("/slots/?pod=WORK-3").content.decode().count("<tr data-instance=") == 1
+    assert client.get("/slots/?pod=ps/wo").content.decode().count("<tr data-instance=") == 10
+    assert client.get("/slots/?pod=apps").content.decode().count("<tr data-instance=") == 10
+    for nothing in ("nobody", "apps/work-3/x", "s/x"):
+        assert "No slot matches" in client.get(f"/slots/?pod={nothing}").content.decode()
+
+
+@pytest.mark.parametrize(
+    ("term", "pod_namespace", "pod_name", "matches"),
+    [
+        ("work", "apps", "work-1", True),
+        ("PS/WO", "apps", "work-1", True),
+        ("apps/", "apps", "work-1", True),
+        ("/work", "apps", "work-1", True),
+        ("apps/work-1", "apps", "work-1", True),
+        ("pps/work-1x", "apps", "work-1", False),
+        ("apps/ork", "apps", "work-1", False),
+        ("app/work", "apps", "work-1", False),
+        ("apps", "apps", "", False),  # no pod named yet: a namespace alone is no pod
+        ("a/b/c", "a", "b", False),
+    ],
+)
+def test_the_pod_filter_says_the_same_in_sql_and_in_python(term, pod_namespace, pod_name, matches):
+    # The page narrows in SQL first, the live feed in Python: both must agree.
+    from akri_site.dashboard.slotmap import pod_matches, pod_slots_query
+
+    make_cluster(instances=1, capacity=1)
+    Slot.objects.update(pod_namespace=pod_namespace, pod_name=pod_name)
+    pod = f"{pod_namespace}/{pod_name}" if pod_name else ""
+
+    assert pod_matches(term, pod) is matches
+    assert Slot.objects.filter(pod_slots_query(term)).exists() is matches
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [
@@ -194,6 +238,7 @@ def test_slot_map_filters_by_state_node_and_configuration(login, cluster):
         ("page=99", "Page 99 does not exist"),
         ("page=x", "Enter a whole number"),
         ("q=" + "x" * 300, "at most 200 characters"),
+        ("pod=" + "x" * 600, "at most 507 characters"),
     ],
 )
 def test_slot_map_bad_filters_are_a_400_with_a_clear_message(login, cluster, query, message):
@@ -584,6 +629,8 @@ def test_the_api_paginates_and_filters(login, cluster, run):
     held = client.get("/api/slots/?state=held&node=node-a").json()
     assert held["count"] == 10
     assert {s["holder_node"] for s in held["results"]} == {"node-a"}
+    (pod_slot,) = client.get("/api/slots/?pod_namespace=apps&pod=work-3").json()["results"]
+    assert pod_slot["key"] == "akri-onvif-000003-0"
     assert client.get("/api/slots/?state=bogus").status_code == 400
     assert client.get("/api/instances/?configuration=akri-onvif").json()["count"] == 10
     assert client.get(f"/api/events/?run={run.pk}").json()["count"] == 1

@@ -174,10 +174,24 @@ class SlotFilter(filters.FilterSet):
     namespace = filters.CharFilter(field_name="instance__namespace")
     instance = filters.CharFilter(field_name="instance__name")
     configuration = filters.CharFilter(field_name="instance__configuration_name")
+    pod_namespace = filters.CharFilter(field_name="pod_namespace")
+    pod = filters.CharFilter(field_name="pod_name")
+    pod_uid = filters.CharFilter(field_name="pod_uid")
 
     class Meta:
         model = Slot
-        fields = ["state", "level", "node", "namespace", "instance", "configuration", "surplus"]
+        fields = [
+            "state",
+            "level",
+            "node",
+            "namespace",
+            "instance",
+            "configuration",
+            "surplus",
+            "pod_namespace",
+            "pod",
+            "pod_uid",
+        ]
 
     def filter_state(self, qs: QuerySet, name: str, value: str) -> QuerySet:
         if value == "surplus":

@@ -70,6 +70,9 @@ class SlotFilterForm(_PageMixin):
     node = forms.CharField(required=False, max_length=253)
     state = forms.ChoiceField(choices=STATES, required=False)
     q = forms.CharField(required=False, max_length=200, label="Instance name contains")
+    pod = forms.CharField(
+        required=False, max_length=507, label="Pod contains", help_text="namespace/name, or part"
+    )
 
     def clean_configuration(self) -> str:
         name = self.cleaned_data["configuration"].strip()
@@ -108,7 +111,7 @@ class SlotFilterForm(_PageMixin):
 
     def filters(self) -> dict[str, str]:
         """The non-empty slot filters, in a stable order (also the live subscription)."""
-        keys = ("configuration", "namespace", "instance", "node", "state", "q")
+        keys = ("configuration", "namespace", "instance", "node", "state", "q", "pod")
         return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k)}
 
 

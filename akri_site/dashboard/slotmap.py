@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from agent.models import Instance, Slot
 
@@ -167,7 +167,29 @@ def base_queryset(filters: Mapping[str, str]) -> QuerySet[Instance]:
         qs = qs.filter(namespace=ns, name=name)
     if filters.get("q"):
         qs = qs.filter(name__icontains=filters["q"])
+    if filters.get("pod"):
+        held = Slot.objects.filter(pod_slots_query(filters["pod"]), instance=OuterRef("pk"))
+        qs = qs.filter(Exists(held))
     return qs
+
+
+def pod_slots_query(term: str) -> Q:
+    """Slots whose pod, written ``namespace/name``, contains ``term`` (any case): the SQL
+    side of ``pod_matches``. Names hold no ``/``, so a term with one ends the namespace and
+    starts the name."""
+    ns, sep, name = term.partition("/")
+    if not sep:
+        match = Q(pod_name__icontains=term) | Q(pod_namespace__icontains=term)
+    elif "/" in name:
+        return Q(pk__in=[])
+    else:
+        match = Q(pod_namespace__iendswith=ns, pod_name__istartswith=name)
+    return match & ~Q(pod_name="")
+
+
+def pod_matches(term: str, pod: str) -> bool:
+    """Does the slot's pod (``namespace/name``, or empty) contain ``term``?"""
+    return bool(pod) and term.lower() in pod.lower()
 
 
 def slot_matches(
@@ -178,6 +200,8 @@ def slot_matches(
         if not slot["surplus"]:
             return False
     elif state and slot["state"] != state:
+        return False
+    if f.get("pod") and not pod_matches(f["pod"], slot["pod"]):
         return False
     node = f.get("node")
     # A node's view: what it holds, and what it could take (the slots of the Instances it can
@@ -204,7 +228,7 @@ def narrow(instance: Mapping[str, Any], f: Mapping[str, str]) -> dict[str, Any] 
     match = [s["key"] for s in instance["slots"] if slot_matches(s, instance, f)]
     # An Instance with no slot rows yet still belongs to an unfiltered view and to the view
     # of a node that can see it.
-    empty_ok = not instance["slots"] and not f.get("state")
+    empty_ok = not instance["slots"] and not f.get("state") and not f.get("pod")
     if match or (empty_ok and (not f.get("node") or f["node"] in instance["nodes"])):
         return {**instance, "match": match}
     return None
