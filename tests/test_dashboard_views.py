@@ -192,7 +192,7 @@ def test_slot_map_finds_the_slots_of_a_pod(login, cluster):
     assert 'data-instance="default/akri-onvif-000003"' in page
     assert 'data-slot="akri-onvif-000003-0" data-state="held" class="slot held"' in page
     assert 'class="slot held dim"' in page  # the CL slot beside it: no pod named, faded
-    assert "1 slots of 1 Instances shown" in re.sub(r"<[^>]+>", "", page)
+    assert "1 slot of 1 Instance shown" in re.sub(r"<[^>]+>", "", page)
     # Any part of namespace/name, in any case; a part that spans the slash too.
     assert client.get("/slots/?pod=WORK-3").content.decode().count("<tr data-instance=") == 1
     assert client.get("/slots/?pod=ps/wo").content.decode().count("<tr data-instance=") == 10

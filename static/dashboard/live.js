@@ -174,7 +174,10 @@
       }
     });
     var shown = document.querySelector("[data-shown-slots]");
-    if (shown) shown.textContent = String(document.querySelectorAll("[data-slot-map] td[data-slot]:not(.dim)").length);
+    if (shown) {
+      var count = document.querySelectorAll("[data-slot-map] td[data-slot]:not(.dim)").length;
+      shown.textContent = count === 1 ? "1 slot" : count + " slots";
+    }
     var names = Object.keys(missingConfigs);
     if (names.length) showNotice("New Instances of " + names.join(", ") + " are not on this page yet.", true);
   }
