@@ -155,7 +155,7 @@ def test_slot_map_shows_holder_node_pod_container_level_and_since(login, cluster
 
     row = re.search(rf'<tr data-instance="default/{INSTANCE}".*?</tr>', page).group(0)
     assert f'data-slot="{INSTANCE}-0" data-state="held"' in row
-    assert "node-a" in row and "apps/work-0 / main" in row
+    assert "node-a" in row and "apps/work-0</a> / main" in row
     assert "IL" in row and "CL" in row and "akri-onvif-0" in row  # CL with its vdev
     assert '<time datetime="' in row
     assert f'data-slot="{INSTANCE}-3" data-state="free"' in row
@@ -186,6 +186,8 @@ def test_slot_map_filters_by_state_node_and_configuration(login, cluster):
 
 def test_slot_map_finds_the_slots_of_a_pod(login, cluster):
     client = login("viewer")
+    # Each pod on the map links to the map of its slots.
+    assert 'href="/slots/?pod=apps/work-3"' in client.get("/slots/").content.decode()
 
     page = client.get("/slots/?pod=apps/work-3").content.decode()
     assert page.count("<tr data-instance=") == 1

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from functools import cache
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from django.template.loader import get_template
 from django.urls import reverse
@@ -44,6 +45,7 @@ def link_prefixes() -> dict[str, str]:
         "instance_url": f"{root}instances/",
         "configuration_url": f"{root}configurations/",
         "release_url": reverse("admin:agent_slot_changelist"),
+        "slots_url": reverse("dashboard:slots"),
     }
 
 
@@ -74,10 +76,12 @@ def slot_cell(slot: Mapping[str, Any], matched: bool, can_release: bool) -> str:
         node = escape(node)
         out.append(f'<br><a class="node" href="{p["node_url"]}{node}/">{node}</a>')
     if slot["pod"]:
-        pod = escape(slot["pod"])
+        # The pod links to every slot it holds (several containers, IL and CL alike).
+        href = escape(f"{p['slots_url']}?pod={quote(slot['pod'], safe='/')}")
+        pod = f'<a class="pod" href="{href}" title="Every slot this pod holds">{escape(slot["pod"])}</a>'
         if slot["container"]:
             pod += f" / {escape(slot['container'])}"
-        out.append(f'<br><span class="pod">{pod}</span>')
+        out.append(f"<br>{pod}")
     elif state == "held":
         out.append('<br><span class="meta">pod not known yet</span>')
     since = slot["since"]
