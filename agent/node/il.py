@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from agent.domain.naming import il_resource_name
-from agent.domain.slots import InstanceState, format_il, il_devices
+from agent.domain.slots import format_il, il_devices
 from agent.kube.claims import ClaimStoreError, InstanceGone, SlotTaken, UnknownSlot
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
-from agent.node.view import config_of
 from agent.protos import deviceplugin_pb2 as dp
 
 if TYPE_CHECKING:
@@ -99,7 +98,7 @@ class InstancePlugin(DevicePlugin):
 
     def _check_ids(self, request: dp.AllocateRequest, obj: dict[str, Any]) -> None:
         """Every id must be a slot of this Instance before anything is written."""
-        state = InstanceState.from_object(obj, self.agent.view.capacity(config_of(obj)))
+        state = self.agent.view.state_of(obj)
         if not request.container_requests:
             raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
         for container in request.container_requests:

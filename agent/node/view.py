@@ -77,6 +77,10 @@ class ClusterView:
         self._configs: dict[str, ConfigEntry] = {}
         self._instances: dict[str, dict[str, Any]] = {}
         self._last_rv: dict[str, str] = {}  # instance name -> newest version seen, deletes too
+        # Parsed slot views by Instance name, for the object and default capacity they were
+        # parsed from: health lists, CL plans and Allocate checks all ask for the same few
+        # snapshots between two changes, and an InstanceState is immutable.
+        self._parsed: dict[str, tuple[dict[str, Any], int | None, InstanceState]] = {}
 
     # --- Instances --------------------------------------------------------------------
     def put_instance(self, obj: dict[str, Any]) -> Update | None:
@@ -97,6 +101,7 @@ class ClusterView:
         with self._lock:
             if rv and not is_older(rv, self._last_rv.get(name, "")):
                 self._last_rv[name] = rv
+            self._parsed.pop(name, None)
             return self._instances.pop(name, None)
 
     def instance(self, name: str) -> dict[str, Any] | None:
@@ -117,13 +122,30 @@ class ClusterView:
     def states(self, configuration: str) -> list[InstanceState]:
         """Slot views of every Instance of ``configuration``, for the CL rules."""
         default = self.capacity(configuration)
-        return [InstanceState.from_object(o, default) for o in self.instances(configuration)]
+        return [self._parse(o, default) for o in self.instances(configuration)]
 
     def state(self, name: str) -> InstanceState | None:
         obj = self.instance(name)
         if obj is None:
             return None
-        return InstanceState.from_object(obj, self.capacity(config_of(obj)))
+        return self.state_of(obj)
+
+    def state_of(self, obj: dict[str, Any]) -> InstanceState:
+        """The slot views of ``obj`` (an Instance as this view holds or held it), with its
+        Configuration's capacity for objects that carry none (Akri v0.12)."""
+        return self._parse(obj, self.capacity(config_of(obj)))
+
+    def _parse(self, obj: dict[str, Any], default: int | None) -> InstanceState:
+        name = obj["metadata"]["name"]
+        cached = self._parsed.get(name)
+        if cached is not None and cached[0] is obj and cached[1] == default:
+            return cached[2]
+        state = InstanceState.from_object(obj, default)
+        with self._lock:
+            # Only the object the view holds now is worth keeping (an older one is done with).
+            if self._instances.get(name) is obj:
+                self._parsed[name] = (obj, default, state)
+        return state
 
     # --- Configurations ---------------------------------------------------------------
     def put_configuration(self, obj: dict[str, Any]) -> ConfigEntry:
