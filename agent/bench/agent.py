@@ -225,11 +225,7 @@ def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamp
         agent = node.agent
         plugin = None
         if floor:
-            socket_path = os.path.join(os.path.dirname(kubeconfig), "floor.sock")
-            slots = {f"{name}-2": name}
-            plugin = FloorPlugin(
-                agent.loop, AkriApi(new_api_client(kubeconfig), api.namespace), socket_path, slots
-            ).start()
+            plugin = FloorPlugin.beside(agent, kubeconfig, {f"{name}-2": name}).start()
         samples = _AllocateSamples([], [], [])
         written: list[tuple[str, str]] = []
         try:

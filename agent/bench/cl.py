@@ -20,7 +20,6 @@ so four concurrent claims overlap only the API server's share and the network wa
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -29,7 +28,6 @@ from agent.bench.agent import CONFIG, _healthy, _settle, _version, agents, confi
 from agent.bench.floor import FloorPlugin
 from agent.bench.kubelet import KubeletProcess
 from agent.domain.naming import cl_device_id, cl_resource_name, il_resource_name, slot_key
-from agent.kube.client import AkriApi, new_api_client
 from agent.node.agent import NodeAgent
 
 DEVICES = 4
@@ -82,10 +80,7 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
         singles = [(il_resource_name(name), [[slot_key(name, 0)]]) for name in instances]
         # The floor plugin writes slot 1 of each Instance (the agent's claims take slot 0).
         floor_slots = {slot_key(name, 1): name for name in instances}
-        socket_path = os.path.join(os.path.dirname(kubeconfig), "floor.sock")
-        floor = FloorPlugin(
-            agent.loop, AkriApi(new_api_client(kubeconfig), api.namespace), socket_path, floor_slots
-        ).start()
+        floor = FloorPlugin.beside(agent, kubeconfig, floor_slots).start()
         cl_ms: list[float] = []
         single_ms: list[float] = []
         four_ms: list[float] = []  # the 4 single calls of a round, added up
@@ -100,11 +95,11 @@ def bench_cl_allocate(quick: bool = False, stdout: Any = None) -> dict[str, obje
                 for call in singles:
                     singles_ms.append(kubelet.allocate(*call))
                     _settle(agent, *_release_all(agent, instances))
-                floor_four = kubelet.allocate(resource, [list(floor_slots)], socket_path)
+                floor_four = kubelet.allocate(resource, [list(floor_slots)], floor.socket_path)
                 _settle(agent, *floor.versions.items())
                 floor_singles = []
                 for key in floor_slots:
-                    floor_singles.append(kubelet.allocate(resource, [[key]], socket_path))
+                    floor_singles.append(kubelet.allocate(resource, [[key]], floor.socket_path))
                     _settle(agent, *floor.versions.items())
                 if i >= WARM_UP:
                     cl_ms.append(elapsed)

@@ -3,8 +3,8 @@
 ``FloorPlugin`` serves the device-plugin API on the agent's own event loop, as every plugin of
 the agent does (``grpc.aio``, the handler's blocking work in the loop's thread pool), and its
 ``Allocate`` makes one conditional write per requested slot through the same kind of client as
-the claim store, the writes of one request concurrently (all but the last in a pool, the last
-in the handler's thread, as the CL plugin does), then answers an empty response. Like the
+the claim store, the writes of one request concurrently (all but the last in the agent's claim
+pool, the last in the handler's thread, as the CL plugin does), then answers an empty response. Like the
 real plugins it marks itself in flight for the process's background loops
 (``agent.kube.foreground``) until gRPC sent the answer, so the watch's echo of its write does
 not compete with the answer. No claim store, no cache, no reconciler, no response building.
@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from agent.kube.client import AkriApi
+from agent.kube.client import AkriApi, new_api_client
 from agent.kube.foreground import FOREGROUND
 from agent.node.loop import LoopThread
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
+
+if TYPE_CHECKING:
+    from agent.node.agent import NodeAgent
 
 HOLDER = "bench-floor"
 
@@ -37,16 +40,29 @@ class FloorPlugin:
     ``(instance, key)`` it toggles between free and ``HOLDER`` with a ``test``ed patch."""
 
     def __init__(
-        self, loop: LoopThread, api: AkriApi, socket_path: str, slots: dict[str, str]
+        self,
+        loop: LoopThread,
+        pool: Executor,
+        api: AkriApi,
+        socket_path: str,
+        slots: dict[str, str],
     ) -> None:
         self.loop = loop
+        self.pool = pool
         self.api = api
         self.socket_path = socket_path
         self.slots = slots  # device id -> Instance name
         self.values = dict.fromkeys(slots, "")  # as last written by this plugin
         self.versions: dict[str, str] = {}  # Instance -> resourceVersion of our last write
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="bench-floor")
         self._server: grpc.aio.Server | None = None
+
+    @classmethod
+    def beside(cls, agent: NodeAgent, kubeconfig: str, slots: dict[str, str]) -> FloorPlugin:
+        """On ``agent``'s loop and claim pool, with a client of its own, its socket in the
+        directory of ``kubeconfig`` (the benchmark's scratch directory)."""
+        api = AkriApi(new_api_client(kubeconfig), agent.namespace)
+        socket_path = os.path.join(os.path.dirname(kubeconfig), "floor.sock")
+        return cls(agent.loop, agent.claim_pool, api, socket_path, slots)
 
     def start(self) -> FloorPlugin:
         self.loop.run(self._start(), timeout=10)
@@ -55,7 +71,6 @@ class FloorPlugin:
     def stop(self) -> None:
         if self._server is not None:
             self.loop.run(self._server.stop(None), timeout=10)
-        self._pool.shutdown(wait=True)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 
@@ -67,7 +82,7 @@ class FloorPlugin:
         self._server = server
 
     def write_all(self, ids: list[str]) -> None:
-        futures = [self._pool.submit(self._write, i) for i in ids[:-1]]
+        futures = [self.pool.submit(self._write, i) for i in ids[:-1]]
         self._write(ids[-1])
         for future in futures:
             future.result()

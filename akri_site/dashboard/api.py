@@ -174,9 +174,7 @@ class SlotFilter(filters.FilterSet):
     namespace = filters.CharFilter(field_name="instance__namespace")
     instance = filters.CharFilter(field_name="instance__name")
     configuration = filters.CharFilter(field_name="instance__configuration_name")
-    pod_namespace = filters.CharFilter(field_name="pod_namespace")
     pod = filters.CharFilter(field_name="pod_name")
-    pod_uid = filters.CharFilter(field_name="pod_uid")
 
     class Meta:
         model = Slot
