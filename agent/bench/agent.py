@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 from django.conf import settings
+from kubernetes import client
 
 from agent.bench import ensure_migrated, percentile
 from agent.bench.floor import FloorPlugin
@@ -39,6 +40,7 @@ from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
 from agent.kube.watch import CacheSync
 from agent.node.agent import NodeAgent
 from agent.simulator.apiserver import ApiServerSimulator
+from agent.simulator.cluster import ensure_namespace
 from agent.simulator.kubelet import KubeletSimulator
 
 CONFIG = "bench-echo"
@@ -122,6 +124,7 @@ def agents(
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     started: list[BenchNode] = []
     with apiserver_process(root) as kubeconfig:
+        ensure_namespace(client.CoreV1Api(new_api_client(kubeconfig)), namespace)
         sync = CacheSync(new_api_client(kubeconfig), namespace, owner=f"bench-{namespace}")
         sync.start()
         sync.wait_synced()
@@ -332,6 +335,7 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
     kubelet = KubeletSimulator(os.path.join(root, "dp"), os.path.join(root, "pr.sock"), "node-a")
     try:
         with ApiServerSimulator() as sim:
+            sim.ensure_namespace(namespace)
             kubeconfig = str(sim.write_kubeconfig(os.path.join(root, "kubeconfig")))
             env = dict(
                 os.environ,
