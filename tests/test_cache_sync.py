@@ -116,7 +116,7 @@ def test_it_resumes_from_the_stored_resource_version(api, kube):
 
 def test_it_relists_when_the_version_is_too_old(api, kube):
     if kube.simulator is None:
-        pytest.skip("forcing 410 Gone needs the simulator's history knob")
+        pytest.skip("needs a fault only the simulator injects: 410 Gone from a one-event history")
     SyncState.objects.create(owner="gone", kind=f"{kube.namespace}/instances", resource_version="1")
     Instance.objects.create(
         namespace=kube.namespace, name="ghost-000000", configuration_name="cams"
