@@ -232,6 +232,15 @@ def test_schema_defaults_are_filled_in_and_undeclared_fields_pruned(kube, co):
                            "uniqueDevices": True}  # fmt: skip
 
 
+def test_a_null_label_value_is_stored_as_an_empty_string(kube, co):
+    body = instance("i")
+    body["metadata"]["labels"] = {"a": None, "b": "x"}
+
+    made = co.create_namespaced_custom_object(GROUP, VERSION, kube.namespace, "instances", body)
+
+    assert made["metadata"]["labels"] == {"a": "", "b": "x"}
+
+
 def test_null_values_are_dropped_or_kept_as_the_schema_says(kube, co):
     args = (GROUP, VERSION, kube.namespace, "instances")
     made = co.create_namespaced_custom_object(
