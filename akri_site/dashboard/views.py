@@ -129,10 +129,10 @@ def slot_map(request: HttpRequest) -> HttpResponse:
         return _render(request, "dashboard/slots.html", 400, errors=_errors(form), **context)
     filters = form.filters()
     try:
-        page = _paginate(slotmap.slot_map(filters), form.cleaned_data["page"], SLOT_MAP_PAGE)
+        page = _paginate(slotmap.matching(filters), form.cleaned_data["page"], SLOT_MAP_PAGE)
     except BadPage as exc:
         return _render(request, "dashboard/slots.html", 400, errors=[str(exc)], **context)
-    instances = list(page.object_list)
+    instances = slotmap.page_of(page.object_list, filters)
     counts = slotmap.summary()
     groups = slotmap.group_by_configuration(instances, counts)
     return _render(
