@@ -98,7 +98,8 @@ def _live_query(view: str, filters: dict[str, str]) -> str:
 
 def _filter_choices() -> dict[str, list[str]]:
     configurations = set(Configuration.objects.values_list("name", flat=True))
-    configurations.update(Instance.objects.values_list("configuration_name", flat=True).distinct())
+    in_use = Instance.objects.order_by().values_list("configuration_name").distinct()
+    configurations.update(name for (name,) in in_use)
     return {"configurations": sorted(configurations), "nodes": sorted(known_nodes())}
 
 
