@@ -89,6 +89,25 @@ def choice(name: str, default: str, options: tuple[str, ...]) -> str:
     return value
 
 
+# Django's own floor for a secret key (``check --deploy``, security.W009).
+SECRET_MIN_LENGTH = 50
+SECRET_MIN_DISTINCT = 5
+
+
+def require_secret(name: str, value: str, *, refused: tuple[str, ...] = ()) -> None:
+    """Refuse a missing, short, repetitive or publicly known secret."""
+    if not value:
+        raise EnvError(f"{name} must be set (or {name}_FILE) in production")
+    if value in refused or value.startswith("django-insecure-"):
+        raise EnvError(f"{name} is a publicly known development key; generate a new one")
+    if len(value) < SECRET_MIN_LENGTH or len(set(value)) < SECRET_MIN_DISTINCT:
+        raise EnvError(
+            f"{name} is too weak: at least {SECRET_MIN_LENGTH} characters and "
+            f"{SECRET_MIN_DISTINCT} different ones (e.g. python -c 'import secrets; "
+            "print(secrets.token_urlsafe(50))')"
+        )
+
+
 def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
         raise EnvError(f"{name}={value} is below the minimum {minimum}")

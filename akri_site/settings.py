@@ -16,12 +16,25 @@ VAR_DIR = Path(env.string("AKRI_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env.boolean("DEBUG", False)
+# Production is any setup beyond the embedded default (a real database or Redis), unless
+# AKRI_ENV says otherwise; production refuses the public development key and DEBUG.
+PRODUCTION = (
+    env.choice(
+        "AKRI_ENV",
+        "production" if env.string("DATABASE_URL") or env.string("REDIS_URL") else "development",
+        ("production", "development"),
+    )
+    == "production"
+)
+DEVELOPMENT_SECRET_KEY = "akri-site-insecure-development-key-change-me"
 SECRET_KEY = env.string("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and env.boolean("AKRI_REQUIRE_SECRET_KEY", False):
-        raise env.EnvError("SECRET_KEY must be set (or SECRET_KEY_FILE)")
+if PRODUCTION:
+    env.require_secret("SECRET_KEY", SECRET_KEY, refused=(DEVELOPMENT_SECRET_KEY,))
+    if DEBUG:
+        raise env.EnvError("DEBUG=true is refused in production (AKRI_ENV=production)")
+elif not SECRET_KEY:
     # Development and the embedded demo only: sessions do not survive a restart.
-    SECRET_KEY = "akri-site-insecure-development-key-change-me"
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
 ALLOWED_HOSTS = env.words("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.words("CSRF_TRUSTED_ORIGINS", [])
 
@@ -37,6 +50,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "csp",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -44,10 +58,17 @@ INSTALLED_APPS = [
     "akri_site.dashboard",
 ]
 
+# Small deployments and the demo serve /static themselves (whitenoise); behind an ingress that
+# serves the collectstatic output, turn this off.
+SERVE_STATIC = env.boolean("AKRI_SERVE_STATIC", True)
+
 MIDDLEWARE = [
     # The full slot map of a large cluster is megabytes of HTML.
     "django.middleware.gzip.GZipMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files before anything that reads a session: a bad /static path is a plain 404.
+    *(["whitenoise.middleware.WhiteNoiseMiddleware"] if SERVE_STATIC else []),
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -132,8 +153,56 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
-SERVE_STATIC = env.boolean("AKRI_SERVE_STATIC", True)
+STATIC_ROOT = Path(env.string("AKRI_STATIC_ROOT", str(VAR_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Whitenoise serves the app and project directories directly, so neither the demo nor a fresh
+# deployment needs collectstatic; files found in STATIC_ROOT (collectstatic) are served too.
+# No manifest storage: it would make every page fail until collectstatic has run.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- hardening (issue #12) -----------------------------------------------------------------
+# Production defaults follow ``manage.py check --deploy``; each can be changed from the
+# environment (e.g. plain HTTP inside a trusted network: AKRI_SECURE_COOKIES=false).
+_HEADER = env.string("SECURE_PROXY_SSL_HEADER", "")
+# The header a TLS-terminating proxy sets, e.g. X-Forwarded-Proto: "https" means secure.
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _HEADER.upper().replace("-", "_"), "https") if _HEADER else None
+)
+SECURE_SSL_REDIRECT = env.boolean("SECURE_SSL_REDIRECT", PRODUCTION)
+# Probes and Prometheus scrape over plain HTTP inside the cluster.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env.integer("SECURE_HSTS_SECONDS", 31536000 if PRODUCTION else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.boolean("AKRI_SECURE_COOKIES", PRODUCTION)
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+# HSTS preloading commits the whole domain for months: the domain owner's call, not ours.
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
+# Every page: our own scripts and styles only (the dashboard has no inline code), websockets
+# and fetches to this origin only, never framed.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+# Password reset needs mail: its pages exist only when EMAIL_HOST is set.
+EMAIL_HOST = env.string("EMAIL_HOST", "")
+EMAIL_PORT = env.integer("EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env.string("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.string("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env.boolean("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "akri-site@localhost")
+# /metrics: open when empty; otherwise Prometheus sends "Authorization: Bearer <token>".
+METRICS_TOKEN = env.string("METRICS_TOKEN", "")
 
 # --- akri-site behaviour -------------------------------------------------------------------
 AKRI = {

@@ -6,8 +6,10 @@ makes another process's metrics endpoint query the database.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -93,9 +95,26 @@ CACHE_REGISTRY = CollectorRegistry(auto_describe=False)
 CACHE_REGISTRY.register(CacheCollector())
 
 
+def authorized(request: HttpRequest) -> bool:
+    """With ``METRICS_TOKEN`` set, the scraper must send it as a bearer token."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
+
+
 @require_GET
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
+    if not authorized(request):
+        response = HttpResponse(
+            "a bearer token is required\n", status=401, content_type="text/plain"
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     # The classic text format (0.0.4): every Prometheus version scrapes it.
     body = generate_latest(REGISTRY) + generate_latest(CACHE_REGISTRY)
     return HttpResponse(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)
