@@ -69,6 +69,7 @@ MIDDLEWARE = [
     # Static files before anything that reads a session: a bad /static path is a plain 404.
     *(["whitenoise.middleware.WhiteNoiseMiddleware"] if SERVE_STATIC else []),
     "csp.middleware.CSPMiddleware",
+    "akri_site.dashboard.middleware.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -232,6 +233,8 @@ AKRI = {
     "RUN_RETENTION_HOURS": env.number("AKRI_RUN_RETENTION_HOURS", 48.0, minimum=0.01),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
+    # An open websocket checks its session and role again this often (and on every frame).
+    "WS_RECHECK_SECONDS": env.number("AKRI_WS_RECHECK_SECONDS", 15.0, minimum=0.05),
 }
 
 LOGGING = {
