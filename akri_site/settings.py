@@ -122,11 +122,16 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.string("REDIS_URL", "")
-if REDIS_URL:
+# The channel layer alone on Redis (the demo's web workers: see akri_site/webserve.py).
+_CHANNEL_REDIS_URL = REDIS_URL or env.string("AKRI_CHANNEL_REDIS_URL", "")
+if _CHANNEL_REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env.string("AKRI_CHANNEL_PREFIX", "akri")},
+            "CONFIG": {
+                "hosts": [_CHANNEL_REDIS_URL],
+                "prefix": env.string("AKRI_CHANNEL_PREFIX", "akri"),
+            },
         }
     }
 else:
@@ -202,6 +207,8 @@ EMAIL_HOST_USER = env.string("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = env.string("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env.boolean("EMAIL_USE_TLS", True)
 DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "akri-site@localhost")
+# runweb: addresses whose X-Forwarded-For/-Proto headers are believed (the ingress).
+FORWARDED_ALLOW_IPS = env.string("AKRI_FORWARDED_ALLOW_IPS", "127.0.0.1")
 # /metrics: open when empty; otherwise Prometheus sends "Authorization: Bearer <token>".
 METRICS_TOKEN = env.string("METRICS_TOKEN", "")
 

@@ -32,6 +32,7 @@ KEYS = {
     "sweep": {"duration_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
+    "web": {"rps", "p95_ms", "cores_busy", "errors"},
 }
 
 

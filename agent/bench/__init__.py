@@ -56,6 +56,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_sweep",
         "one node-local sweep over 500 Instances x 4 held slots in use",
     ),
+    "web": (
+        "agent.bench.web",
+        "bench_web",
+        "200 clients on the demo's slot map and /api/slots/ for 20 s, 50 websockets open",
+    ),
 }
 
 

@@ -7,6 +7,7 @@ cluster reconciliation on a timer, and the dashboard under Daphne. Prints the UR
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 
@@ -82,16 +83,11 @@ class Command(BaseCommand):
             cluster.stop()
 
     def _serve(self, host: str, port: int) -> None:
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
+        from akri_site.webserve import serve_demo
 
-        from akri_site.asgi import application
-
-        Server(
-            application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
-            signal_handlers=True,
-        ).run()
+        # Web workers are separate processes: they reach the simulated API server this way.
+        os.environ["KUBECONFIG"] = settings.AKRI["KUBECONFIG"]
+        serve_demo(host, port)
 
     def _cluster_reconcile(self, stop: threading.Event) -> None:
         """Celery beat's job when there is no broker: the cluster-wide pass on a timer."""
