@@ -57,7 +57,7 @@ def serve(host: str, port: int, workers: int, *, access_log: bool = False) -> No
         port=port,
         workers=workers,
         http="httptools",
-        ws="websockets",
+        ws="websockets-sansio",
         # Django and Channels implement no lifespan protocol.
         lifespan="off",
         # Keep Django's logging configuration; uvicorn's own would replace it.
