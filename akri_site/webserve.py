@@ -49,6 +49,27 @@ def shared_layer() -> bool:
 
 def serve(host: str, port: int, workers: int, *, access_log: bool = False) -> None:
     """Serve the ASGI application until SIGINT/SIGTERM; blocks."""
+    with metrics_directory(workers):
+        _run(host, port, workers, access_log)
+
+
+@contextlib.contextmanager
+def metrics_directory(workers: int) -> Iterator[None]:
+    """Several workers write their Prometheus series to files in one directory, so that
+    ``/metrics`` answered by any of them sums them all (prometheus_client's multiprocess
+    mode). The workers read ``PROMETHEUS_MULTIPROC_DIR`` when they start."""
+    if workers == 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="akri-web-metrics-") as tmp:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def _run(host: str, port: int, workers: int, access_log: bool) -> None:
     import uvicorn
 
     uvicorn.run(

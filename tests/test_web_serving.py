@@ -125,6 +125,9 @@ async def _sockets_get_a_delta(port: int, prefix: str) -> None:
         ]
         for ws in sockets:
             assert (await ws.receive_json(timeout=10))["type"] == "snapshot"
+        # Whichever worker answers, /metrics counts the sockets of both.
+        async with session.get("/metrics") as answer:
+            assert "\nakri_websocket_clients 8.0\n" in await answer.text()
         layer = RedisChannelLayer(hosts=[REDIS_URL], prefix=prefix)
         delta = {"type": "live.delta", "instances": [], "removed": ["ns/gone"], "runs": []}
         await layer.group_send(LIVE_GROUP, delta)
