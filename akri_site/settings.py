@@ -173,7 +173,9 @@ WHITENOISE_AUTOREFRESH = DEBUG
 _HEADER = env.string("SECURE_PROXY_SSL_HEADER", "")
 # The header a TLS-terminating proxy sets, e.g. X-Forwarded-Proto: "https" means secure.
 SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_" + _HEADER.upper().replace("-", "_"), "https") if _HEADER else None
+    ("HTTP_" + _HEADER.upper().replace("-", "_").removeprefix("HTTP_"), "https")
+    if _HEADER
+    else None
 )
 SECURE_SSL_REDIRECT = env.boolean("SECURE_SSL_REDIRECT", PRODUCTION)
 # Probes and Prometheus scrape over plain HTTP inside the cluster.

@@ -101,3 +101,33 @@ def test_an_explicit_development_flag_allows_postgres_without_a_secret():
     done = manage("check", DATABASE_URL=PRODUCTION["DATABASE_URL"], AKRI_ENV="development")
 
     assert done.returncode == 0, done.stderr
+
+
+def _settings_in(env: dict[str, str], *names: str) -> list[str]:
+    code = "from django.conf import settings; " + "; ".join(
+        f"print(repr(settings.{name}))" for name in names
+    )
+    done = manage("shell", "--no-imports", "-c", code, **env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()
+
+
+@pytest.mark.parametrize("header", ["X-Forwarded-Proto", "HTTP_X_FORWARDED_PROTO"])
+def test_the_proxy_ssl_header_is_named_in_the_environment(header):
+    (value,) = _settings_in(
+        {**PRODUCTION, "SECURE_PROXY_SSL_HEADER": header}, "SECURE_PROXY_SSL_HEADER"
+    )
+
+    assert value == "('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
+def test_production_turns_on_https_rules_that_development_leaves_off():
+    names = ("SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_SSL_REDIRECT")
+
+    assert _settings_in(PRODUCTION, *names, "SECURE_HSTS_SECONDS") == [
+        "True",
+        "True",
+        "True",
+        "31536000",
+    ]
+    assert _settings_in({}, *names, "SECURE_HSTS_SECONDS") == ["False", "False", "False", "0"]
