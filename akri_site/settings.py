@@ -5,6 +5,7 @@ and tasks run in-process. Production sets ``DATABASE_URL`` (PostgreSQL) and ``RE
 (channels_redis layer and Celery broker).
 """
 
+import contextlib
 from pathlib import Path
 
 import dj_database_url
@@ -160,7 +161,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env.string("AKRI_STATIC_ROOT", str(VAR_DIR / "static")))
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Made when it can be (whitenoise warns about a missing one); a read-only image may lack it.
+with contextlib.suppress(OSError):
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Whitenoise serves the app and project directories directly, so neither the demo nor a fresh
 # deployment needs collectstatic; files found in STATIC_ROOT (collectstatic) are served too.
 # No manifest storage: it would make every page fail until collectstatic has run.
