@@ -133,6 +133,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     release = False
     session_key: str | None = None
     watchdog: asyncio.Task | None = None
+    shut = False  # closed by the re-check
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -165,12 +166,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self._run(self._dispatch, text_data, bytes_data)
 
     async def _still_allowed(self) -> bool:
+        if self.shut:
+            return False
         if self.scope.get("session") is None:
             # Mounted without the session middleware (unit tests of the consumer alone).
             return True
         code, self.release = await database_sync_to_async(recheck)(self.session_key)
         if code is None:
             return True
+        if self.shut:  # the timer and a frame both found out: close once
+            return False
+        self.shut = True
         why = "signed out" if code == CLOSE_SIGNED_OUT else "your dashboard role was removed"
         log.info("live: closing a websocket: %s", why)
         await self.send_json({"type": "error", "error": why, "close_code": code})
