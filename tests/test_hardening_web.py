@@ -160,7 +160,7 @@ def _handshake(origin: bytes, host: bytes = b"127.0.0.1:8000", path: str = "/ws/
         communicator = WebsocketCommunicator(
             application, path, headers=[(b"origin", origin), (b"host", host)]
         )
-        result = await communicator.connect()
+        result = await communicator.connect(timeout=10)
         await communicator.disconnect()
         return result
 

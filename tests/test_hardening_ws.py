@@ -50,15 +50,15 @@ def open_socket(client: Client) -> WebsocketCommunicator:
 
 async def connected(client: Client) -> WebsocketCommunicator:
     communicator = open_socket(client)
-    assert (await communicator.connect())[0]
-    assert (await communicator.receive_json_from())["type"] == "snapshot"
+    assert (await communicator.connect(timeout=10))[0]
+    assert (await communicator.receive_json_from(timeout=10))["type"] == "snapshot"
     return communicator
 
 
 async def expect_close(communicator: WebsocketCommunicator, code: int, words: str) -> None:
-    answer = await communicator.receive_json_from(timeout=5)
+    answer = await communicator.receive_json_from(timeout=10)
     assert answer == {"type": "error", "error": words, "close_code": code}
-    closed = await communicator.receive_output(timeout=5)
+    closed = await communicator.receive_output(timeout=10)
     assert closed["type"] == "websocket.close" and closed["code"] == code
 
 
@@ -121,7 +121,7 @@ def test_a_socket_still_signed_in_keeps_answering(signed_in, settings):
         communicator = await connected(client)
         assert await communicator.receive_nothing(timeout=0.3)
         await communicator.send_json_to({"type": "ping"})
-        assert (await communicator.receive_json_from())["type"] == "pong"
+        assert (await communicator.receive_json_from(timeout=10))["type"] == "pong"
         await communicator.disconnect()
 
     async_to_sync(scenario)()
@@ -134,10 +134,36 @@ def test_a_frame_nested_5000_deep_closes_4400_without_a_traceback(signed_in, cap
     async def scenario():
         communicator = await connected(client)
         await communicator.send_to(text_data="[" * 5000 + "]" * 5000)
-        answer = await communicator.receive_json_from()
+        answer = await communicator.receive_json_from(timeout=10)
         assert answer["type"] == "error" and "nested too deep" in answer["error"]
-        closed = await communicator.receive_output()
+        closed = await communicator.receive_output(timeout=10)
         assert closed["code"] == 4400
 
     async_to_sync(scenario)()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_a_database_error_in_the_periodic_check_keeps_the_socket(signed_in, settings, monkeypatch):
+    from django.db import OperationalError
+
+    from akri_site.dashboard import consumers
+
+    client, _ = signed_in
+    settings.AKRI = {**settings.AKRI, "WS_RECHECK_SECONDS": 0.05}
+    failures = []
+
+    def database_down(session_key):
+        failures.append(session_key)
+        raise OperationalError("database is down")
+
+    async def scenario():
+        communicator = await connected(client)
+        monkeypatch.setattr(consumers, "recheck", database_down)
+        assert await communicator.receive_nothing(timeout=0.5)
+        monkeypatch.undo()
+        await communicator.send_json_to({"type": "ping"})
+        assert (await communicator.receive_json_from(timeout=10))["type"] == "pong"
+        await communicator.disconnect()
+
+    async_to_sync(scenario)()
+    assert len(failures) >= 2  # asked again after each failure

@@ -35,6 +35,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.db import DatabaseError
 from django.utils import timezone
 
 from agent.metrics import WEBSOCKET_CLIENTS
@@ -189,8 +190,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         with contextlib.suppress(asyncio.CancelledError):
             while True:
                 await asyncio.sleep(every)
-                if not await self._still_allowed():
-                    return
+                try:
+                    if not await self._still_allowed():
+                        return
+                except DatabaseError as exc:
+                    # An outage is not a sign-out: keep the socket, ask again next time.
+                    log.warning("live: cannot re-check a websocket's session now: %s", exc)
 
     async def _run(self, handler: Any, *args: Any) -> None:
         try:
