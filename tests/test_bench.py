@@ -66,3 +66,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert math.isfinite(value) and value >= 0, last
     if name == "contention":
         assert figures["double_holders"] == "0", last
+    if name == "web":
+        assert figures["errors"] == "0", last  # every request answered 200
