@@ -7,7 +7,8 @@ that stay open and take the live feed, and runs 200 clients that fetch the slot 
 
 Figures: ``rps``, ``p95_ms`` and ``errors`` (anything but a 200, or no answer) as the clients
 saw them; ``cores_busy`` = CPU seconds of the web processes (the uvicorn workers; in one-process
-mode the demo process itself, cluster included) / wall seconds of the load. The same load is
+mode the demo process itself, cluster included) / wall seconds of the load, and
+``cores_busy_demo`` the same for the demo's whole process tree (cluster, Redis, workers). The same load is
 then run against the demo serving from one process (``AKRI_WEB_WORKERS=1``): ``rps_1`` and
 ``p95_ms_1`` are that baseline, measured in the same run.
 """
@@ -148,11 +149,12 @@ async def crowd(
         frames = [0]
         readers = [asyncio.ensure_future(_read(ws, frames)) for ws in live]
         web = web_processes(demo_proc)
-        cpu0, t0 = _cpu(web), time.monotonic()
+        everything = [demo_proc, *demo_proc.children(recursive=True)]
+        cpu0, all0, t0 = _cpu(web), _cpu(everything), time.monotonic()
         deadline = t0 + seconds
         results = await asyncio.gather(*(_client(session, i, deadline) for i in range(clients)))
         wall = time.monotonic() - t0
-        cpu = _cpu(web) - cpu0
+        cpu, cpu_all = _cpu(web) - cpu0, _cpu(everything) - all0
         for reader in readers:
             reader.cancel()
         for ws in live:
@@ -164,6 +166,7 @@ async def crowd(
         "p95_ms": percentile(latencies, 95),
         "p50_ms": percentile(latencies, 50),
         "cores_busy": cpu / wall,
+        "cores_busy_demo": cpu_all / wall,
         "errors": errors,
         "workers": len(web),
         "ws_frames": frames[0],
