@@ -151,10 +151,12 @@ async def crowd(
         web = web_processes(demo_proc)
         everything = [demo_proc, *demo_proc.children(recursive=True)]
         cpu0, all0, t0 = _cpu(web), _cpu(everything), time.monotonic()
+        client0 = time.process_time()
         deadline = t0 + seconds
         results = await asyncio.gather(*(_client(session, i, deadline) for i in range(clients)))
         wall = time.monotonic() - t0
         cpu, cpu_all = _cpu(web) - cpu0, _cpu(everything) - all0
+        client = time.process_time() - client0
         for reader in readers:
             reader.cancel()
         for ws in live:
@@ -167,6 +169,8 @@ async def crowd(
         "p50_ms": percentile(latencies, 50),
         "cores_busy": cpu / wall,
         "cores_busy_demo": cpu_all / wall,
+        # The load generator's own share of the same two cores.
+        "client_cores": client / wall,
         "errors": errors,
         "workers": len(web),
         "ws_frames": frames[0],
