@@ -33,6 +33,7 @@ KEYS = {
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
+    "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
 }
 
 
@@ -68,3 +69,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert figures["double_holders"] == "0", last
     if name == "web":
         assert figures["errors"] == "0", last  # every request answered 200
+    if name == "scale":
+        assert figures["dropped"] == "0", last
