@@ -148,6 +148,9 @@ AKRI = {
     "DISCOVERY_HANDLERS_DIRECTORY": env.string("DISCOVERY_HANDLERS_DIRECTORY", "/var/lib/akri"),
     # Seconds a shared device may go unseen before this node leaves the Instance's nodes.
     "OFFLINE_GRACE_SECONDS": env.number("AKRI_OFFLINE_GRACE_SECONDS", 300.0, minimum=0),
+    # Seconds an external discovery handler endpoint whose stream failed is re-dialled before
+    # it is dropped until it registers again; 0 drops it at once, as Akri does.
+    "DISCOVERY_RECONNECT_SECONDS": env.number("AKRI_DISCOVERY_RECONNECT_SECONDS", 0.0, minimum=0),
     # Seconds a slot claimed by Allocate may wait for its pod to show in PodResources.
     "SLOT_GRACE_SECONDS": env.number("SLOT_GRACE_PERIOD", 20.0, minimum=0),
     # Interval of the node-local safety-net sweep.
