@@ -162,37 +162,37 @@ def test_a_dropped_stream_drops_the_endpoint_once_and_re_registration_brings_it_
     assert [e.uid for e in env.registry.get("onvif").endpoints()] == [uid]
 
 
-def test_within_the_reconnect_window_a_dropped_stream_is_redialled_and_devices_stay():
-    env = Env(ReconnectPolicy(initial=0.02, maximum=0.1, reconnect_window=30))
-    try:
-        dh = env.dh()
-        rec = env.discover()
-        rec.wait_for_ids(["cam-1"])
-        session = env.sessions[0]
-        dh.drop_streams()
-        rec.wait_for(lambda r: session.connects == 2)
-        dh.set_devices([DiscoveredDevice("cam-9")])
-        rec.wait_for_ids(["cam-9"])
-        # The list stayed in force while re-dialling: nothing was withdrawn in between.
-        assert all(lst for lst in rec.lists)
-        assert len(env.registry.get("onvif").endpoints()) == 1
-    finally:
-        env.close()
+@pytest.fixture
+def windowed():
+    """An agent side that re-dials a failed endpoint for 30 s before dropping it."""
+    e = Env(ReconnectPolicy(initial=0.02, maximum=0.1, reconnect_window=30))
+    yield e
+    e.close()
 
 
-def test_a_restarted_handler_is_found_within_the_window_without_registering():
-    env = Env(ReconnectPolicy(initial=0.02, maximum=0.1, reconnect_window=30))
-    try:
-        dh = env.dh()
-        rec = env.discover()
-        rec.wait_for_ids(["cam-1"])
-        dh.stop()
-        rec.wait_for(lambda r: not os.path.exists(dh.socket_path))
-        restarted = ExampleDiscoveryHandlerServer(dh.socket_path, [DiscoveredDevice("cam-2")])
-        env.servers.append(restarted.start())
-        rec.wait_for_ids(["cam-2"])
-    finally:
-        env.close()
+def test_within_the_reconnect_window_a_dropped_stream_is_redialled_and_devices_stay(windowed):
+    dh = windowed.dh()
+    rec = windowed.discover()
+    rec.wait_for_ids(["cam-1"])
+    session = windowed.sessions[0]
+    dh.drop_streams()
+    rec.wait_for(lambda r: session.connects == 2)
+    dh.set_devices([DiscoveredDevice("cam-9")])
+    rec.wait_for_ids(["cam-9"])
+    # The list stayed in force while re-dialling: nothing was withdrawn in between.
+    assert all(lst for lst in rec.lists)
+    assert len(windowed.registry.get("onvif").endpoints()) == 1
+
+
+def test_a_restarted_handler_is_found_within_the_window_without_registering(windowed):
+    dh = windowed.dh()
+    rec = windowed.discover()
+    rec.wait_for_ids(["cam-1"])
+    dh.stop()
+    rec.wait_for(lambda r: not os.path.exists(dh.socket_path))
+    restarted = ExampleDiscoveryHandlerServer(dh.socket_path, [DiscoveredDevice("cam-2")])
+    windowed.servers.append(restarted.start())
+    rec.wait_for_ids(["cam-2"])
 
 
 def test_after_the_window_the_endpoint_is_dropped_and_its_devices_leave(caplog):
