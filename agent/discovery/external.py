@@ -194,6 +194,7 @@ class Endpoint:
         self.target = endpoint_target(endpoint, endpoint_type)
         self.uid = f"{name}@{endpoint}"
         self._closed = threading.Event()
+        self._close_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Endpoint({self.uid!r}, shared={self.shared})"
@@ -204,14 +205,11 @@ class Endpoint:
 
     def close(self) -> bool:
         """Close it; True only for the call that closed it (so a failure is logged once)."""
-        with _CLOSE_LOCK:
+        with self._close_lock:
             if self._closed.is_set():
                 return False
             self._closed.set()
             return True
-
-
-_CLOSE_LOCK = threading.Lock()
 
 
 class ExternalHandler:
@@ -364,7 +362,10 @@ class ExternalSession:
             self._lists[stream.endpoint.uid] = devices
             self._deliver_merged()
 
-    def screen(self, stream: EndpointStream, devices: list[DiscoveredDevice]):
+    def screen(
+        self, stream: EndpointStream, devices: list[DiscoveredDevice]
+    ) -> list[DiscoveredDevice] | None:
+        """The good devices of a stream's list (bad ones logged under the endpoint's uid)."""
         return self._publisher.screen(devices, stream.endpoint.uid)
 
     def error(self, message: str) -> None:

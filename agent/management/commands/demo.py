@@ -113,24 +113,8 @@ class Command(BaseCommand):
         self._check_port(host, port)  # before anything is printed or started
         quiet = quiet_console(options["verbose"])
         forget_previous_cluster()
-        password = demo_password(
-            settings.VAR_DIR, given=options["password"], reset=options["reset_password"]
-        )
-        ensure_user("admin", password, superuser=True)
-        ensure_user("operator", password, group="operator")
-        ensure_user("viewer", password, group="viewer")
-
-        cluster = SimulatedCluster(
-            nodes=options["nodes"],
-            configurations=[
-                debug_echo_configuration(
-                    "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
-                ),
-                debug_echo_configuration(
-                    "akri-debug-echo-bar", ["bar0", "bar1", "bar2"], capacity=2, unique=False
-                ),
-            ],
-        ).start()
+        password = self._demo_users(options["password"], options["reset_password"])
+        cluster = self._start_cluster(options["nodes"])
         # The web process writes manual releases to the same (simulated) API server.
         settings.AKRI["KUBECONFIG"] = cluster.kubeconfig
         workload = WorkloadGenerator(cluster, interval=options["pace"]).start()
@@ -149,6 +133,27 @@ class Command(BaseCommand):
             cluster.stop()
         if not listening.is_set():
             raise CommandError(f"the dashboard never listened on {host}:{port}; see the log above")
+
+    def _demo_users(self, given: str | None, reset: bool) -> str:
+        """admin, operator and viewer with the demo's one password (kept in var/)."""
+        password = demo_password(settings.VAR_DIR, given=given, reset=reset)
+        ensure_user("admin", password, superuser=True)
+        ensure_user("operator", password, group="operator")
+        ensure_user("viewer", password, group="viewer")
+        return password
+
+    def _start_cluster(self, nodes: int) -> SimulatedCluster:
+        return SimulatedCluster(
+            nodes=nodes,
+            configurations=[
+                debug_echo_configuration(
+                    "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
+                ),
+                debug_echo_configuration(
+                    "akri-debug-echo-bar", ["bar0", "bar1", "bar2"], capacity=2, unique=False
+                ),
+            ],
+        ).start()
 
     def _check_port(self, host: str, port: int) -> None:
         problem = port_problem(host, port)
