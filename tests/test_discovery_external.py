@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import grpc
@@ -266,6 +267,17 @@ def test_a_registration_for_a_missing_socket_never_withdraws_a_live_endpoints_de
     )
     assert len(drop_lines(caplog, f"onvif@{missing}")) == 1
     assert rec.lists == [[CAMERA]] and rec.errors == []
+
+
+def test_a_dead_endpoint_at_session_start_publishes_nothing_before_the_live_one_answers(env):
+    env.register_raw(name="onvif", endpoint=os.path.join(env.dir, "missing.sock"), shared=True)
+    answer = threading.Event()
+    env.dh(sock="live", validate_details=lambda details: None if answer.wait(5) else "late")
+    rec = env.discover()
+    rec.wait_for(lambda r: len(env.registry.get("onvif").endpoints()) == 1)
+    answer.set()
+    rec.wait_for_ids(["cam-1"])
+    assert rec.lists == [[CAMERA]]  # never an empty list the agent would read as "all gone"
 
 
 def test_a_session_started_later_streams_from_every_live_endpoint(env):

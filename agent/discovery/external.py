@@ -344,9 +344,12 @@ class ExternalSession:
             if self._stopped or stream is None or stream.endpoint is not endpoint:
                 return
             del self._streams[endpoint.uid]
-            self._lists.pop(endpoint.uid, None)
-            self._deliver_merged()
+            reported = self._lists.pop(endpoint.uid, None) is not None
             orphaned = not self._streams
+            # Only a change is news: an endpoint that never answered takes nothing away, and
+            # the live endpoints' lists (maybe not in yet) are not to be read as empty.
+            if reported or orphaned:
+                self._deliver_merged()
         stream.stop()
         if orphaned:
             self._publisher.error(
