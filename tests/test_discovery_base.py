@@ -23,6 +23,7 @@ from agent.discovery.base import (
     InvalidDeviceList,
     Mount,
     PollingSession,
+    merge_device_lists,
     screen_devices,
     validate_devices,
 )
@@ -185,6 +186,26 @@ def test_screening_accepts_each_good_id_once_and_names_every_other_device(device
     assert set(ids) == {d.id for d in devices} - {""}
     assert len(screened.accepted) + len(screened.problems) == len(devices)
     validate_devices(list(screened.accepted))
+
+
+endpoint_lists = st.lists(
+    st.lists(st.builds(device, st.sampled_from(["a", "b", "c", "d"]), N=st.sampled_from("12"))),
+    max_size=4,
+)
+
+
+@given(endpoint_lists, st.integers(min_value=0, max_value=3), st.lists(st.just(device("z"))))
+def test_merging_keeps_every_endpoints_devices_and_one_list_never_erases_another(
+    lists, changed, replacement
+):
+    merged = merge_device_lists(lists)
+    assert [d.id for d in merged] == list(dict.fromkeys(d.id for lst in lists for d in lst))
+    for d in merged:  # a shared id is the first endpoint's device
+        assert d == next(x for lst in lists for x in lst if x.id == d.id)
+    if changed < len(lists):
+        others = {d.id for i, lst in enumerate(lists) if i != changed for d in lst}
+        lists[changed] = replacement
+        assert others <= {d.id for d in merge_device_lists(lists)}
 
 
 def test_the_publisher_reports_an_error_once_until_something_else_happens():

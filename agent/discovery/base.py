@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -221,6 +221,18 @@ def screen_devices(devices: Sequence[DiscoveredDevice]) -> Screened:
         seen.add(device.id)
         accepted.append(device)
     return Screened(tuple(accepted), tuple(problems))
+
+
+def merge_device_lists(lists: Iterable[Sequence[DiscoveredDevice]]) -> list[DiscoveredDevice]:
+    """Several endpoints' lists as one, as Akri merges the endpoints of one handler name.
+
+    Every device of every list is present; an id in several lists is the first list's device.
+    """
+    merged: dict[str, DiscoveredDevice] = {}
+    for devices in lists:
+        for device in devices:
+            merged.setdefault(device.id, device)
+    return list(merged.values())
 
 
 def validate_devices(devices: Sequence[DiscoveredDevice]) -> None:

@@ -54,6 +54,7 @@ from .base import (
     DiscoveredDevice,
     HandlerRegistry,
     Mount,
+    merge_device_lists,
 )
 
 log = logging.getLogger(__name__)
@@ -375,11 +376,9 @@ class ExternalSession:
         self._publisher.error(message)
 
     def _deliver_merged(self) -> None:
-        merged: dict[str, DiscoveredDevice] = {}
-        for uid in self._streams:  # in the order the endpoints registered
-            for device in self._lists.get(uid, ()):
-                merged.setdefault(device.id, device)
-        self._publisher.deliver(list(merged.values()))
+        # In the order the endpoints registered: the first one's device wins a shared id.
+        lists = [self._lists[uid] for uid in self._streams if uid in self._lists]
+        self._publisher.deliver(merge_device_lists(lists))
 
     def stop(self) -> None:
         with self._lock:
