@@ -152,6 +152,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Signing out (dashboard and admin) returns to the dashboard's sign-in page, not Django's stock
+# "logged out" page.
+LOGOUT_REDIRECT_URL = "/accounts/login/?signed_out=1"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env.string("TIME_ZONE", "UTC")
@@ -230,6 +233,9 @@ AKRI = {
     "DISCOVERY_HANDLERS_DIRECTORY": env.string("DISCOVERY_HANDLERS_DIRECTORY", "/var/lib/akri"),
     # Seconds a shared device may go unseen before this node leaves the Instance's nodes.
     "OFFLINE_GRACE_SECONDS": env.number("AKRI_OFFLINE_GRACE_SECONDS", 300.0, minimum=0),
+    # Seconds an external discovery handler endpoint whose stream failed is re-dialled before
+    # it is dropped until it registers again; 0 drops it at once, as Akri does.
+    "DISCOVERY_RECONNECT_SECONDS": env.number("AKRI_DISCOVERY_RECONNECT_SECONDS", 0.0, minimum=0),
     # Seconds a slot claimed by Allocate may wait for its pod to show in PodResources.
     "SLOT_GRACE_SECONDS": env.number("SLOT_GRACE_PERIOD", 20.0, minimum=0),
     # Interval of the node-local safety-net sweep.
@@ -253,7 +259,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Client errors (4xx) are logged in one line, without the traceback Django attaches.
+    "filters": {"client_errors": {"()": "akri_site.logs.ClientErrorsWithoutTraceback"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["client_errors"],
+        }
+    },
     "root": {
         "handlers": ["console"],
         "level": env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),

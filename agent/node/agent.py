@@ -42,7 +42,7 @@ from kubernetes import client
 
 from agent.discovery.base import DiscoveredDevice, DiscoveryHandler, HandlerRegistry
 from agent.discovery.debugecho import DEFAULT_AVAILABILITY_PATH, DebugEchoHandler
-from agent.discovery.external import RegistrationServer
+from agent.discovery.external import ReconnectPolicy, RegistrationServer
 from agent.discovery.udev import UdevHandler
 from agent.domain.naming import (
     cl_resource_name,
@@ -122,6 +122,8 @@ class NodeAgent:
       one the agent runs its own.
     - ``offline_grace``: seconds a shared device may go undiscovered before this node leaves
       its Instance (unshared: at once).
+    - ``discovery_reconnect``: seconds a failed external handler endpoint is re-dialled before
+      it is dropped (0: at once, as Akri).
     - ``reconciler_factory(agent)``: builds the slot reconciler (``on_allocated``, ``start``,
       ``stop``, optionally ``serialized(*instances)``); by default ``agent.node.reconcile``'s
       when a PodResources socket is given. ``reconcile=False`` runs none.
@@ -139,6 +141,7 @@ class NodeAgent:
         sync: CacheSync | None = None,
         *,
         offline_grace: float = 300.0,
+        discovery_reconnect: float = 0.0,
         reconciler_factory: Callable[[NodeAgent], Reconciler] | None = None,
         reconcile: bool = True,
         restart_poll: float = 0.5,
@@ -155,6 +158,7 @@ class NodeAgent:
         self.kubelet_socket = kubelet_socket or f"{plugin_dir}/{KUBELET_SOCKET}"
         self.handlers = handlers if handlers is not None else default_handlers()
         self.offline_grace = offline_grace
+        self.discovery_reconnect = discovery_reconnect
         self.restart_poll = restart_poll
         self.api = AkriApi(api_client, namespace)
         self._own_sync = sync is None
@@ -201,7 +205,11 @@ class NodeAgent:
         # The reconciler runs before any plugin can take an Allocate, so it sees every claim.
         self._start_reconciler()
         if self.registration_socket:
-            self._registration = RegistrationServer(self.handlers, self.registration_socket).start()
+            self._registration = RegistrationServer(
+                self.handlers,
+                self.registration_socket,
+                policy=ReconnectPolicy(reconnect_window=self.discovery_reconnect),
+            ).start()
         self._monitor = self.loop.submit(self._watch_kubelet())
         self._worker.start()
         self.started = True
