@@ -165,6 +165,16 @@ AKRI = {
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
 }
 
+# --- leader election (controller replicas, Celery beat): agent.leader ----------------------
+# One controller replica and one beat act at a time, elected through a Lease in AKRI_NAMESPACE.
+# A SIGKILLed leader is replaced within lease + 2 x retry seconds (14 s with these defaults).
+LEADER_ELECTION = {
+    "ENABLED": env.boolean("AKRI_LEADER_ELECTION", True),
+    "LEASE_DURATION": env.number("AKRI_LEASE_DURATION", 10.0, minimum=1),
+    "RENEW_DEADLINE": env.number("AKRI_LEASE_RENEW_DEADLINE", 7.0, minimum=0.1),
+    "RETRY_PERIOD": env.number("AKRI_LEASE_RETRY_PERIOD", 2.0, minimum=0.05),
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

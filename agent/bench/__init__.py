@@ -56,6 +56,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_sweep",
         "one node-local sweep over 500 Instances x 4 held slots in use",
     ),
+    "failover": (
+        "agent.bench.failover",
+        "bench_failover",
+        "Lease leader killed -> the other candidate leading and its first write accepted",
+    ),
 }
 
 
