@@ -4,6 +4,7 @@ AKRI_TEST_KUBECONFIG's), with the server's own order of writes as the judge."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -247,3 +248,45 @@ def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp
         for proc in procs.values():
             proc.kill()
             proc.wait(10)
+
+
+# --- Celery beat ----------------------------------------------------------------------------
+
+
+def beat(kube, identity: str, clock: Clock, sent: list):
+    from agent.leader.beat import LeaderScheduler
+    from akri_site.celery import app
+
+    scheduler = LeaderScheduler(app=app, lazy=True)
+    scheduler.elector = elector(kube, identity, clock)
+    scheduler.data = {}
+    scheduler.setup_schedule()  # the beat_schedule of akri_site.celery; elector already set
+    scheduler.apply_async = lambda entry, **kw: sent.append((identity, entry.name))
+    for entry in scheduler.schedule.values():  # everything due, as for a beat up for a while
+        entry.last_run_at = entry.default_now() - dt.timedelta(hours=2)
+    return scheduler
+
+
+def test_only_the_leading_beat_sends_and_the_other_sends_once_it_takes_over(kube):
+    clock = Clock()
+    sent: list = []
+    a, b = beat(kube, "beat-a", clock, sent), beat(kube, "beat-b", clock, sent)
+    a.elector.step()
+    b.elector.step()
+    for _ in range(4):
+        a.tick()
+        b.tick()
+    assert {who for who, _ in sent} == {"beat-a"}
+    assert {name for _, name in sent} == {"reconcile-cluster", "prune-runs"}
+    clock.now += TIMING.renew_deadline + 0.01
+    sent.clear()
+    a.tick()
+    a.apply_entry(next(iter(a.schedule.values())))  # the fence, even past tick's own check
+    assert sent == []
+    clock.now += TIMING.lease_duration
+    assert b.elector.step() is True
+    for _ in range(4):
+        b.tick()
+    assert {who for who, _ in sent} == {"beat-b"}
+    b.close()
+    assert lease_spec(kube)["holderIdentity"] == ""

@@ -93,6 +93,8 @@ class LeaderElector:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        else:
+            self._resign()  # driven by step() from outside: resign here
 
     def run(self) -> None:
         """Campaign until ``stop()``; blocks."""
@@ -102,9 +104,7 @@ class LeaderElector:
                 self.step()
                 self._stop.wait(self._pause())
         finally:
-            if self._leading:
-                self._release()
-                self._lose("shutting down")
+            self._resign()
 
     def step(self) -> bool:
         """One attempt to take or renew the Lease; True when we lead after it."""
@@ -119,6 +119,11 @@ class LeaderElector:
         elif self._leading and not self.is_leading():
             self._lose(f"no renew for {self.timing.renew_deadline:g} s")
         return self._leading
+
+    def _resign(self) -> None:
+        if self._leading:
+            self._release()
+            self._lose("shutting down")
 
     # --- the steps --------------------------------------------------------------------------
     def _pause(self) -> float:
