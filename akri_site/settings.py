@@ -165,6 +165,11 @@ AKRI = {
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
 }
 
+# --- deployment (deploy/) ----------------------------------------------------------------------
+# A pod names what it cannot run without (web: DATABASE_URL; the agent: NODE_NAME); a missing one
+# stops it at start with one line, rather than running on a development default.
+env.require_present(env.words("AKRI_REQUIRED_SETTINGS", []))
+
 # --- leader election (controller replicas, Celery beat): agent.leader ----------------------
 # One controller replica and one beat act at a time, elected through a Lease in AKRI_NAMESPACE.
 # A SIGKILLed leader is replaced within lease + 2 x retry seconds (14 s with these defaults).

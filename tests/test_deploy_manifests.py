@@ -150,7 +150,13 @@ def test_two_controller_replicas_and_budgets_for_every_replicated_deployment():
 def test_web_is_ready_only_when_healthz_answers():
     web = find(render("overlays/external"), "Deployment", "akri-site-web")
     (main,) = pod_spec(web)["containers"]
-    assert main["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    probe = main["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    # The kubelet would send the pod's IP as Host, which ALLOWED_HOSTS refuses with a 400.
+    (host,) = [h["value"] for h in probe["httpHeaders"] if h["name"] == "Host"]
+    config = find(render("overlays/external"), "ConfigMap", "akri-site")["data"]
+    assert host in config["ALLOWED_HOSTS"].split(",")
+    assert "akri-site-webhook.akri-site.svc" in config["ALLOWED_HOSTS"].split(",")
     assert "livenessProbe" in main
 
 
