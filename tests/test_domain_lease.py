@@ -43,7 +43,7 @@ def test_a_rival_never_takes_a_live_lease(holder, me, duration, seen_for):
 
 def test_a_takeover_counts_a_transition_and_sets_the_acquire_time():
     old = LeaseRecord("a", 10, "2026-01-01T00:00:00.000000Z", "2026-01-01T00:00:05.000000Z", 3)
-    spec = acquired_spec(old, "b", Timing(), NOW)
+    spec = acquired_spec(old, "b", Timing(10, 7, 2), NOW)
     assert spec == {
         "holderIdentity": "b",
         "leaseDurationSeconds": 10,

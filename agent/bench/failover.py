@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--identity", default=f"candidate-{uuid.uuid4().hex[:6]}")
-    parser.add_argument("--timing", default="10,7,2", help="lease,renew-deadline,retry seconds")
+    parser.add_argument("--timing", default="8,5,1.5", help="lease,renew-deadline,retry seconds")
     args = parser.parse_args(argv)
     lease, renew, retry = (float(part) for part in args.timing.split(","))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

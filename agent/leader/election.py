@@ -12,7 +12,9 @@ API server through the official client's ``CoordinationV1Api``:
   whose process was frozen (or whose renew thread starves) refuses to act the moment it wakes,
   before its elector thread has even run again;
 - ``stop()`` releases the Lease (empty holder), so a clean shutdown hands over at the rival's
-  next retry instead of after a whole lease.
+  next retry instead of after a whole lease;
+- ``on_started`` / ``on_stopped`` run in order on a thread of their own: starting the work
+  (the controller's first lists take seconds) must never hold up the renewals.
 
 Why not ``kubernetes.leaderelection``: its Config calls ``sys.exit`` on bad values, it has no
 release on shutdown and never counts transitions (shared/reference §5.2).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import queue
 import random
 import socket
 import threading
@@ -34,7 +37,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from agent.domain.lease import LeaseRecord, Timing, acquired_spec, may_acquire, released_spec
+from agent.domain.lease import (
+    JITTER,
+    LeaseRecord,
+    Timing,
+    acquired_spec,
+    may_acquire,
+    released_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +82,8 @@ class LeaderElector:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._callbacks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._callback_thread: threading.Thread | None = None
         self._leading = False
         self._renewed_at = 0.0
         # The version of the Lease last seen and when it was first seen (local clock).
@@ -89,12 +101,16 @@ class LeaderElector:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop campaigning; a leader releases the Lease and calls ``on_stopped`` first."""
+        """Stop campaigning; a leader releases the Lease, then ``on_stopped`` runs to its end."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
         else:
             self._resign()  # driven by step() from outside: resign here
+        if self._callback_thread is not None:
+            self._callbacks.put(None)
+            self._callback_thread.join(timeout)
+            self._callback_thread = None
 
     def run(self) -> None:
         """Campaign until ``stop()``; blocks."""
@@ -128,7 +144,7 @@ class LeaderElector:
     # --- the steps --------------------------------------------------------------------------
     def _pause(self) -> float:
         retry = self.timing.retry_period
-        return retry if self._leading else retry * random.uniform(1.0, 1.2)
+        return retry if self._leading else retry * random.uniform(1.0, JITTER)
 
     def _try_write(self, started: float) -> bool:
         try:
@@ -229,10 +245,19 @@ class LeaderElector:
         self._call(self._on_stopped)
 
     def _call(self, callback: Callable[[], None]) -> None:
-        try:
-            callback()
-        except Exception:
-            log.exception("leader election %s: callback failed", self.name)
+        if self._callback_thread is None:
+            self._callback_thread = threading.Thread(
+                target=self._run_callbacks, name=f"lease-{self.name}-work", daemon=True
+            )
+            self._callback_thread.start()
+        self._callbacks.put(callback)
+
+    def _run_callbacks(self) -> None:
+        while (callback := self._callbacks.get()) is not None:
+            try:
+                callback()
+            except Exception:
+                log.exception("leader election %s: callback failed", self.name)
 
 
 def _now() -> dt.datetime:

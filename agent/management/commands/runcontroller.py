@@ -2,7 +2,7 @@
 
 Replicas elect one leader through the ``akri-site-controller`` Lease (``agent.leader``): only
 the leader runs the watchers; the others wait as candidates and take over within the lease
-(about 14 s with the defaults) when the leader dies, or at once when it shuts down cleanly.
+(under 12 s with the defaults) when the leader dies, or at once when it shuts down cleanly.
 """
 
 import signal
