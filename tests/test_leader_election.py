@@ -141,8 +141,8 @@ def candidates(kube, tmp_path):
     core.create_namespaced_config_map(kube.namespace, {"metadata": {"name": WORK}})
     log = WriteLog(kube.new_client(), kube.namespace).start()
     cands = Candidates(kube.kubeconfig, kube.namespace, FAST, str(tmp_path))
-    cands.spawn()
-    cands.spawn()
+    cands.spawn_standby()
+    cands.spawn_standby()
     try:
         yield cands, log
     finally:

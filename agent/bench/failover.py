@@ -40,6 +40,7 @@ from agent.domain.lease import Timing
 LEASE = "failover-bench"
 WORK = "failover-work"
 WRITE_INTERVAL = 0.1
+READY = "campaigning"
 ROOT = Path(__file__).resolve().parents[2]
 
 # --- the candidate process ------------------------------------------------------------------
@@ -53,6 +54,8 @@ def run_candidate(kubeconfig: str, namespace: str, identity: str, timing: Timing
     elector = LeaderElector(api_client, namespace, LEASE, identity=identity, timing=timing)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    client.CoordinationV1Api(api_client).list_namespaced_lease(namespace, limit=1)
+    print(READY, flush=True)  # imports done and the server reached: campaigning from now on
     elector.start()
     seq = 0
     while not stopping.wait(WRITE_INTERVAL):
@@ -84,7 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timing", default="8,5,1.5", help="lease,renew-deadline,retry seconds")
     args = parser.parse_args(argv)
     lease, renew, retry = (float(part) for part in args.timing.split(","))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if os.environ.get("AKRI_FAILOVER_DEBUG") else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
     run_candidate(args.kubeconfig, args.namespace, args.identity, Timing(lease, renew, retry))
 
 
@@ -199,11 +205,29 @@ class Candidates:
         self.count += 1
         identity = f"candidate-{self.count}"
         cmd = candidate_command(self.kubeconfig, self.namespace, identity, self.timing)
-        with open(os.path.join(self.logdir, f"{identity}.log"), "w") as log_file:
+        with open(self._log(identity), "w") as log_file:
             self.procs[identity] = subprocess.Popen(
                 cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT
             )
         return identity
+
+    def spawn_standby(self, timeout: float = 60.0) -> str:
+        """A new candidate, once it is a standby as in a running deployment: started (Python
+        takes seconds to start on a loaded machine) and watching the Lease for a whole lease
+        (a newcomer must see the Lease unchanged that long before it may take it)."""
+        identity = self.spawn()
+        deadline = time.monotonic() + timeout
+        while READY not in Path(self._log(identity)).read_text():
+            if time.monotonic() > deadline or self.procs[identity].poll() is not None:
+                raise RuntimeError(
+                    f"{identity} did not start: {Path(self._log(identity)).read_text()}"
+                )
+            time.sleep(0.05)
+        time.sleep(self.timing.lease_duration)  # the standby's warm-up, a fixed window
+        return identity
+
+    def _log(self, identity: str) -> str:
+        return os.path.join(self.logdir, f"{identity}.log")
 
     def signal(self, identity: str, sig: int) -> None:
         self.procs[identity].send_signal(sig)
@@ -226,7 +250,7 @@ def kill_round(cands: Candidates, log: WriteLog, timeout: float) -> float:
     killed_at = time.monotonic()
     cands.kill(leader)
     at, _ = log.first_write_by_other({leader}, killed_at, timeout)
-    cands.spawn()
+    cands.spawn_standby()
     return at - killed_at
 
 
@@ -240,7 +264,7 @@ def freeze_round(cands: Candidates, log: WriteLog, timeout: float, settle: float
     cands.signal(leader, signal.SIGCONT)
     time.sleep(settle)  # a fixed window to observe a deposed leader writing, not a wait
     cands.kill(leader)
-    cands.spawn()
+    cands.spawn_standby()
     return at - frozen_at
 
 
@@ -262,8 +286,8 @@ def bench_failover(quick: bool = False, stdout: Any = None) -> dict[str, object]
         cands = Candidates(kubeconfig, namespace, timing, tmp)
         takeovers: list[float] = []
         try:
-            cands.spawn()
-            cands.spawn()
+            cands.spawn_standby()
+            cands.spawn_standby()
             log.first_write_by_other(set(), 0.0, timeout)
             for i in range(kills):
                 takeovers.append(kill_round(cands, log, timeout))
