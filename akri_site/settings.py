@@ -255,6 +255,21 @@ AKRI = {
     "WS_RECHECK_SECONDS": env.number("AKRI_WS_RECHECK_SECONDS", 15.0, minimum=0.05),
 }
 
+# --- deployment (deploy/) ----------------------------------------------------------------------
+# A pod names what it cannot run without (web: DATABASE_URL; the agent: NODE_NAME); a missing one
+# stops it at start with one line, rather than running on a development default.
+env.require_present(env.words("AKRI_REQUIRED_SETTINGS", []))
+
+# --- leader election (controller replicas, Celery beat): agent.leader ----------------------
+# One controller replica and one beat act at a time, elected through a Lease in AKRI_NAMESPACE.
+# A SIGKILLed leader is replaced within lease + 2.4 x retry seconds (11.6 s with these defaults).
+LEADER_ELECTION = {
+    "ENABLED": env.boolean("AKRI_LEADER_ELECTION", True),
+    "LEASE_DURATION": env.number("AKRI_LEASE_DURATION", 8.0, minimum=1),
+    "RENEW_DEADLINE": env.number("AKRI_LEASE_RENEW_DEADLINE", 5.0, minimum=0.1),
+    "RETRY_PERIOD": env.number("AKRI_LEASE_RETRY_PERIOD", 1.5, minimum=0.05),
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -34,6 +34,7 @@ KEYS = {
     "slotmap": {"server_ms"},
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
+    "failover": {"p95_s", "dual_leader_writes"},
 }
 
 
@@ -71,3 +72,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert figures["errors"] == "0", last  # every request answered 200
     if name == "scale":
         assert figures["dropped"] == "0", last
+    if name == "failover":
+        assert figures["dual_leader_writes"] == "0", last

@@ -66,6 +66,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_web",
         "200 clients on the demo's slot map and /api/slots/ for 20 s, 50 websockets open",
     ),
+    "failover": (
+        "agent.bench.failover",
+        "bench_failover",
+        "Lease leader killed -> the other candidate leading and its first write accepted",
+    ),
 }
 
 
