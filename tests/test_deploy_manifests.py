@@ -149,7 +149,10 @@ def test_two_controller_replicas_and_budgets_for_every_replicated_deployment():
 
 def test_web_is_ready_only_when_healthz_answers():
     web = find(render("overlays/external"), "Deployment", "akri-site-web")
-    (main,) = pod_spec(web)["containers"]
+    main, hook = pod_spec(web)["containers"]
+    assert main["command"][:3] == ["python", "manage.py", "runweb"]
+    # The webhook's TLS endpoint has a container of its own: admission never queues behind pages.
+    assert hook["command"][0] == "daphne" and hook["ports"][0]["containerPort"] == 8443
     probe = main["readinessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
     # The kubelet would send the pod's IP as Host, which ALLOWED_HOSTS refuses with a 400.
@@ -173,8 +176,8 @@ def test_the_webhook_points_at_the_web_processs_tls_port_and_path():
     assert (
         service["spec"]["selector"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
     )
-    (main,) = pod_spec(web)["containers"]
-    assert port["targetPort"] in {p["name"] for p in main["ports"]}
+    ports = {p["name"] for c in pod_spec(web)["containers"] for p in c["ports"]}
+    assert port["targetPort"] in ports
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert NAMESPACE in excluded and "kube-system" in excluded
