@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -30,13 +29,11 @@ from agent.domain.errors import InsufficientDevices, InvalidDeviceId
 from agent.domain.naming import cl_resource_name
 from agent.domain.slots import format_cl
 from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot
+from agent.node.host import PluginHost
 from agent.node.il import claim_refusal
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,7 @@ Claim = tuple[str, str, str]  # (instance, slot key, value)
 class ConfigurationPlugin(DevicePlugin):
     level = "CL"
 
-    def __init__(self, agent: NodeAgent, configuration: str) -> None:
+    def __init__(self, agent: PluginHost, configuration: str) -> None:
         super().__init__(agent, configuration, cl_resource_name(configuration))
         self.configuration = configuration
         self._allocate_lock = threading.Lock()

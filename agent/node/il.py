@@ -12,19 +12,17 @@ this call claimed is released again if a later slot cannot be had.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from agent.domain.naming import il_resource_name
 from agent.domain.slots import format_il, il_devices
 from agent.kube.claims import ClaimStoreError, InstanceGone, SlotTaken, UnknownSlot
+from agent.node.host import PluginHost
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +47,7 @@ def claim_refusal(instance: str, key: str, exc: Exception) -> AllocateRefused:
 class InstancePlugin(DevicePlugin):
     level = "IL"
 
-    def __init__(self, agent: NodeAgent, instance: str) -> None:
+    def __init__(self, agent: PluginHost, instance: str) -> None:
         super().__init__(agent, instance, il_resource_name(instance))
         self.instance = instance
 

@@ -26,18 +26,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 
 from agent import metrics
 from agent.domain.naming import plugin_socket_name
 from agent.kube.foreground import FOREGROUND
+from agent.node.host import PluginHost
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +87,7 @@ class DevicePlugin:
 
     level = "?"
 
-    def __init__(self, agent: NodeAgent, name: str, resource_name: str) -> None:
+    def __init__(self, agent: PluginHost, name: str, resource_name: str) -> None:
         self.agent = agent
         self.name = name
         self.resource_name = resource_name
