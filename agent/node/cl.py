@@ -28,7 +28,7 @@ from agent.domain.cl import cl_devices, plan_cl_claims, preferred_allocation
 from agent.domain.errors import InsufficientDevices, InvalidDeviceId
 from agent.domain.naming import cl_resource_name
 from agent.domain.slots import format_cl
-from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot
+from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot, WriteUnknown
 from agent.node.host import PluginHost
 from agent.node.il import claim_refusal
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
@@ -179,6 +179,9 @@ class ConfigurationPlugin(DevicePlugin):
                     made.append(claim)
             except SlotTaken:
                 taken.append(claim)
+            except WriteUnknown as exc:
+                made.append(claim)  # the server may still apply it: roll it back with the rest
+                refusal = refusal or claim_refusal(claim[0], claim[1], exc)
             except (UnknownSlot, ClaimStoreError) as exc:
                 refusal = refusal or claim_refusal(claim[0], claim[1], exc)
         if refusal is not None:

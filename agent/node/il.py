@@ -18,7 +18,13 @@ import grpc
 
 from agent.domain.naming import il_resource_name
 from agent.domain.slots import format_il, il_devices
-from agent.kube.claims import ClaimStoreError, InstanceGone, SlotTaken, UnknownSlot
+from agent.kube.claims import (
+    ClaimStoreError,
+    InstanceGone,
+    SlotTaken,
+    UnknownSlot,
+    WriteUnknown,
+)
 from agent.node.host import PluginHost
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
@@ -121,6 +127,10 @@ class InstancePlugin(DevicePlugin):
                 detail=f"Allocate through {self.resource_name}",
                 current=obj,
             )
+        except WriteUnknown as exc:
+            # The server may still apply it: undo it like the claims this call made.
+            self._roll_back([key], wanted)
+            raise claim_refusal(self.instance, key, exc) from None
         except (SlotTaken, UnknownSlot, ClaimStoreError) as exc:
             raise claim_refusal(self.instance, key, exc) from None
 
