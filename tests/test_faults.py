@@ -17,17 +17,22 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+import warnings
 from pathlib import Path
 
 import grpc
 import pytest
 
+from agent.bench.claims import instance_body
 from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.protos import deviceplugin_pb2 as dp
 from agent.simulator.kubelet import KubeletSimulator
 
+from .servers import PrivatePostgres, postgres_bin
 from .test_agent_lifecycle import (
+    CONFIG,
     FOO0,
     FOO1,
     AgentCluster,
@@ -215,3 +220,150 @@ def test_an_agent_killed_during_an_allocate_loses_and_steals_no_slot(kube, short
 
 def usage(api) -> dict[str, str]:
     return api.get_instance(FOO0)["spec"].get("deviceUsage") or {}
+
+
+# --- PostgreSQL down under the controller and a Celery worker ----------------------------------
+class ManagedProcess:
+    """A command of this project in a process of its own, its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.env, self.log = args, env, log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> ManagedProcess:
+        with self.log.open("a") as out:
+            self.process = subprocess.Popen(
+                self.args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def said(self, text: str) -> bool:
+        return text in self.log.read_text()
+
+    def stop(self) -> None:
+        if self.running:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def postgres_rows(url: str, sql: str, *params: object) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=3) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def test_the_controller_and_a_worker_lose_nothing_while_postgresql_is_down(kube, short_dir):
+    simulator_only(kube)
+    bindir = postgres_bin()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+    pg = PrivatePostgres(bindir).create()
+    queue = f"faults-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "akri_site.settings",
+        "DATABASE_URL": pg.url,
+        "REDIS_URL": os.environ.get("AKRI_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0",
+        "AKRI_CHANNEL_PREFIX": queue,
+        "KUBECONFIG": kube.kubeconfig,
+        "AKRI_NAMESPACE": kube.namespace,
+        "AKRI_NODE_GONE_GRACE_SECONDS": "0",
+    }
+    manage = [sys.executable, "manage.py"]
+    controller = ManagedProcess([*manage, "runcontroller"], env, short_dir / "controller.log")
+    worker = ManagedProcess(
+        [sys.executable, "-m", "celery", "-A", "akri_site", "worker", "--pool", "solo"]
+        + [
+            "-Q",
+            queue,
+            "-l",
+            "INFO",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        env,
+        short_dir / "worker.log",
+    )
+    api = AkriApi(kube.api_client, kube.namespace)
+    usage_sql = "SELECT device_usage FROM agent_instance WHERE name = %s"
+    try:
+        subprocess.run(
+            [*manage, "migrate", "--noinput", "-v", "0"], env=env, cwd=ROOT, check=True, timeout=300
+        )
+        controller.start()
+        worker.start()
+        api.create_configuration(configuration_body(descriptions=("foo0",)))
+        api.create_instance(instance_body(FOO0, 2, CONFIG, ("node-b",)))
+        kube.wait_for(lambda: postgres_rows(pg.url, usage_sql, FOO0), timeout=30, message="the row")
+
+        pg.stop()
+        ClaimStore(api, "agent:node-b").claim(FOO0, f"{FOO0}-0", "node-b")
+        sent = send_cluster_pass(kube.namespace, queue)
+        kube.wait_for(
+            lambda: controller.said("applying event to the cache failed"),
+            timeout=30,
+            message="the controller meeting the stopped database",
+        )
+        kube.wait_for(
+            lambda: worker.said("Retry in"), timeout=60, message="the worker's task retrying"
+        )
+        pg.start()
+
+        kube.wait_for(
+            lambda: postgres_rows(pg.url, usage_sql, FOO0)[0][0][f"{FOO0}-0"] == "node-b",
+            timeout=60,
+            message="the claim made while PostgreSQL was down, in the cache",
+        )
+        run_sql = "SELECT released FROM agent_reconcilerun WHERE task_id = %s AND duration_ms > 0"
+        [(released,)] = kube.wait_for(
+            lambda: postgres_rows(pg.url, run_sql, sent),
+            timeout=120,
+            message="the cluster pass the worker retried",
+        )
+        assert released == 1  # node-b has no Node object: its slot is freed
+        assert controller.running and worker.running
+    finally:
+        controller.stop()
+        worker.stop()
+        pg.remove()
+        forget_queue(queue)
+        print(controller.log.read_text()[-10000:], worker.log.read_text()[-10000:])
+
+
+def send_cluster_pass(namespace: str, queue: str) -> str:
+    """One cluster pass sent to ``queue`` on the test Redis, as beat sends it; its task id."""
+    from celery.exceptions import AlwaysEagerIgnored
+
+    from akri_site.celery import app
+
+    url = os.environ.get("AKRI_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    # The test settings run tasks eagerly; send_task says it ignores that, which is the point.
+    with app.connection_for_write(url) as connection, warnings.catch_warnings():
+        warnings.simplefilter("ignore", AlwaysEagerIgnored)
+        sent = app.send_task(
+            "agent.tasks.reconcile_cluster",
+            kwargs={"namespace": namespace},
+            queue=queue,
+            connection=connection,
+        )
+    return sent.id
+
+
+def forget_queue(queue: str) -> None:
+    """Remove what the test's queue left in the test Redis (its list and kombu's bindings)."""
+    import redis
+
+    url = os.environ.get("AKRI_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    redis.Redis.from_url(url).delete(
+        queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+    )

@@ -128,6 +128,9 @@ class ResourceWatcher:
                     break
                 failures += 1
                 log.exception("%s/%s watch handler failed; retrying", self.owner, self.kind)
+                # A database error may have broken this thread's connection: drop it if so,
+                # the replayed events get a fresh one.
+                close_old_connections()
             if failures:
                 self._stopping.wait(min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0))
         close_old_connections()
