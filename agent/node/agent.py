@@ -32,7 +32,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -179,8 +179,6 @@ class NodeAgent:
         self._cl: dict[str, ConfigurationPlugin] = {}
         self._dirty: set[str] = set()
         self._lifecycle: set[Future] = set()  # plugin starts and stops under way
-        self._holds = 0  # Allocates holding back device-list updates
-        self._held: set[DevicePlugin] = set()
         self._deadlines: dict[str, float] = {}  # configuration -> re-check at
         self._discovery: dict[str, ConfigDiscovery] = {}  # written by the worker only
         self._said: dict[str, str] = {}  # last log line per topic, so repeats stay quiet
@@ -374,43 +372,9 @@ class NodeAgent:
         self._notify_plugins(plugins)
 
     def _notify_plugins(self, plugins: list[DevicePlugin | None]) -> None:
-        with self._lock:
-            if self._holds:
-                self._held.update(p for p in plugins if p is not None)
-                return
         for plugin in plugins:
             if plugin is not None:
                 plugin.notify()
-
-    def hold_notifications(self) -> Callable[..., None]:
-        """Device-list updates wait until the returned ``release`` is called (it may be
-        called more than once, with any arguments): they go out together after it."""
-        with self._lock:
-            self._holds += 1
-        released = False
-
-        def release(*_: object) -> None:
-            nonlocal released
-            with self._lock:
-                if released:
-                    return
-                released = True
-                self._holds -= 1
-                held, self._held = (self._held, set()) if self._holds == 0 else (set(), self._held)
-            for plugin in held:
-                plugin.notify()
-
-        return release
-
-    @contextlib.contextmanager
-    def notifications_held(self) -> Iterator[None]:
-        """Device-list updates wait while an Allocate claims and answers: the answer leaves
-        first, and the updates its claims cause go out together right after."""
-        release = self.hold_notifications()
-        try:
-            yield
-        finally:
-            release()
 
     def _config_of_plugin(self, plugin: InstancePlugin) -> str:
         seen = self._seen.get(plugin.instance)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -48,9 +47,3 @@ class PluginHost(Protocol):
 
     def refresh_instance(self, name: str) -> None:
         """Read one Instance from the API server into the view (after losing a race)."""
-
-    def hold_notifications(self) -> Callable[..., None]:
-        """Device-list updates wait until the returned ``release`` is called."""
-
-    def notifications_held(self) -> contextlib.AbstractContextManager:
-        """``hold_notifications`` as a context manager."""
