@@ -83,14 +83,48 @@ def test_agents_ride_out_an_api_server_that_fails_times_out_and_drops_watches(ku
 
 
 # --- an agent killed in the middle of an Allocate -----------------------------------------------
-class AgentProcess:
+class ManagedProcess:
+    """A command of this project in a process of its own, its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.env, self.log = args, env, log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> ManagedProcess:
+        with self.log.open("a") as out:
+            self.process = subprocess.Popen(
+                self.args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def said(self, text: str) -> bool:
+        return text in self.log.read_text()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.running:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class AgentProcess(ManagedProcess):
     """``manage.py runagent`` for one node in a process of its own, with its own SQLite file."""
 
     def __init__(self, kube, root: Path, kubelet: KubeletSimulator) -> None:
-        self.root = root
-        self.log = root / "agent.log"
         availability = root / "echo"
-        self.env = {
+        env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "akri_site.settings",
             "AKRI_SQLITE_PATH": str(root / "agent.sqlite3"),
@@ -102,8 +136,8 @@ class AgentProcess:
             "SLOT_RECLAIM_INTERVAL": "0.5",
             "LOG_LEVEL": "INFO",
         }
-        self.env.pop("DATABASE_URL", None)
-        self.args = [
+        env.pop("DATABASE_URL", None)
+        args = [
             sys.executable,
             "manage.py",
             "runagent",
@@ -118,7 +152,7 @@ class AgentProcess:
             "--debug-echo-availability",
             str(availability),
         ]
-        self.process: subprocess.Popen | None = None
+        super().__init__(args, env, root / "agent.log")
 
     def migrate(self) -> None:
         subprocess.run(
@@ -128,27 +162,6 @@ class AgentProcess:
             check=True,
             timeout=300,
         )
-
-    def start(self) -> AgentProcess:
-        with self.log.open("a") as out:
-            self.process = subprocess.Popen(
-                self.args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-            )
-        return self
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 @pytest.fixture
@@ -223,37 +236,6 @@ def usage(api) -> dict[str, str]:
 
 
 # --- PostgreSQL down under the controller and a Celery worker ----------------------------------
-class ManagedProcess:
-    """A command of this project in a process of its own, its output in a log file."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.args, self.env, self.log = args, env, log
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> ManagedProcess:
-        with self.log.open("a") as out:
-            self.process = subprocess.Popen(
-                self.args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-            )
-        return self
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def said(self, text: str) -> bool:
-        return text in self.log.read_text()
-
-    def stop(self) -> None:
-        if self.running:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 def postgres_rows(url: str, sql: str, *params: object) -> list[tuple]:
     import psycopg
 

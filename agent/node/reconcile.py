@@ -894,10 +894,13 @@ class NodeReconciler:
 
     def _act_on(self, book: RunBook, instance: str, keys: list[str], snapshot: Snapshot) -> None:
         with self._lock(instance):
+            # Re-read under the lock: an Allocate may have re-bound a slot meanwhile. One
+            # query for the Instance's slots, not one per slot: a sweep that learns every pod
+            # acts on thousands of them.
+            values = self._cached_values(instance, keys)
             for key in keys:
-                # Re-read under the lock: an Allocate may have re-bound the slot meanwhile.
                 binding = self._binding(key)
-                value = self._cached_value(instance, key)
+                value = values[key]
                 decision = self._decide(key, value, binding, snapshot, self.clock())
                 try:
                     self._act(
@@ -1178,24 +1181,28 @@ class NodeReconciler:
             )
         }
 
-    def _cached_value(self, instance: str, key: str) -> str | None:
-        """The slot's value as freshly as this process knows it: the cache, or the claim
+    def _cached_values(self, instance: str, keys: list[str]) -> dict[str, str | None]:
+        """The slots' values as freshly as this process knows them: the cache, or the claim
         store's answer to our own last write when that is newer (the cache takes it
-        asynchronously, behind the watch)."""
-        row = (
-            Slot.objects.filter(
-                instance__namespace=self.namespace, instance__name=instance, key=key
-            )
-            .values_list("value", "instance__resource_version")
-            .first()
-        )
+        asynchronously, behind the watch). None for a slot the cache does not have."""
+        rows = {
+            key: (value, rv)
+            for key, value, rv in Slot.objects.filter(
+                instance__namespace=self.namespace, instance__name=instance, key__in=keys
+            ).values_list("key", "value", "instance__resource_version")
+        }
         seen = getattr(self.claims, "last_seen", {}).get(instance)
-        if seen is not None:
-            rv = str((seen.get("metadata") or {}).get("resourceVersion") or "")
-            if row is None or is_older(row[1], rv):
-                view = InstanceState.from_object(seen).view(key)
-                return view.usage.raw if view is not None else None
-        return row[0] if row is not None else None
+        seen_rv = str(((seen or {}).get("metadata") or {}).get("resourceVersion") or "")
+        state = InstanceState.from_object(seen) if seen is not None else None
+        values: dict[str, str | None] = {}
+        for key in keys:
+            row = rows.get(key)
+            if state is not None and (row is None or is_older(row[1], seen_rv)):
+                view = state.view(key)
+                values[key] = view.usage.raw if view is not None else None
+            else:
+                values[key] = row[0] if row is not None else None
+        return values
 
     def _use_state(self, use: DeviceUse) -> PodState:
         info = self.pods.get(use.namespace, use.pod)
