@@ -244,7 +244,6 @@ def postgres_rows(url: str, sql: str, *params: object) -> list[tuple]:
 
 
 def test_the_controller_and_a_worker_lose_nothing_while_postgresql_is_down(kube, short_dir):
-    simulator_only(kube)
     bindir = postgres_bin()
     if bindir is None:
         pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")

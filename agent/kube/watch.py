@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -415,16 +415,17 @@ class CacheSync:
         close_old_connections()
 
     def _apply_until_done(self, item: tuple[str, Any, Any]) -> None:
-        """Apply one queued item. A database error is retried, with backoff, until it goes
-        through or the sync stops: the items behind it wait, so the order holds. Any other
-        error is a fault in handling this item: the cache is rebuilt from a relist instead."""
+        """Apply one queued item. The database being locked or away is retried, with
+        backoff, until the item goes through or the sync stops: the items behind it wait, so
+        the order holds. Any other error (a row the database refuses, a fault in handling
+        this item) would fail again: the cache is rebuilt from a relist instead."""
         what = item[0]
         delay = APPLY_RETRY_FIRST
         while True:
             try:
                 self._apply(*item)
                 return
-            except DatabaseError as exc:
+            except (OperationalError, InterfaceError) as exc:
                 self.apply_failures += 1
                 log.warning(
                     "%s: applying %s to the cache failed (%s); retrying in %.2fs",
