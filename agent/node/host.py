@@ -47,3 +47,6 @@ class PluginHost(Protocol):
 
     def refresh_instance(self, name: str) -> None:
         """Read one Instance from the API server into the view (after losing a race)."""
+
+    def notifications_held(self) -> contextlib.AbstractContextManager:
+        """Device-list updates wait until the block ends, then go out together."""
