@@ -59,8 +59,10 @@ def fail_writes(cluster: AgentCluster, failure: str, instance: str) -> None:
         # of a timed-out write is unknown to the agent, and the first one did claim the slot
         # (it lands well before the agent's last attempt gives up, so the roll-back sees it;
         # one landing later still is left to the reconciler's grace period).
-        cluster["node-a"].agent.api.request_timeout = 0.2
-        sim.inject_fault("PATCH", path, status=0, delay=0.3, times=EVERY_ATTEMPT)
+        # Generous figures: an undelayed request (the roll-back's) must never time out on a
+        # loaded machine.
+        cluster["node-a"].agent.api.request_timeout = 0.6
+        sim.inject_fault("PATCH", path, status=0, delay=0.8, times=EVERY_ATTEMPT)
 
 
 def heal(cluster: AgentCluster) -> None:
@@ -89,7 +91,7 @@ def test_an_il_allocate_whose_claim_fails_is_refused_and_leaves_the_slot_free(cl
 
     assert f"Unable to claim slot {slot}" in assert_refused(answer).details()
     heal(cluster)
-    cluster.wait_for(lambda: all_free(cluster, FOO0), timeout=10, message="the slot free again")
+    cluster.wait_for(lambda: all_free(cluster, FOO0), timeout=20, message="the slot free again")
     if failure != "timeout":  # a timed-out write did happen, and was rolled back
         assert cluster.events(instance=FOO0) == []
     kubelet.wait_devices(IL_RESOURCE, lambda d: len(healthy(d)) == 2)
@@ -111,7 +113,7 @@ def test_an_il_allocate_rolls_back_the_slots_it_claimed_before_one_failed(cluste
 
     assert f"Unable to claim slot {second}" in assert_refused(answer).details()
     heal(cluster)
-    cluster.wait_for(lambda: all_free(cluster, FOO0), timeout=10, message="both slots free")
+    cluster.wait_for(lambda: all_free(cluster, FOO0), timeout=20, message="both slots free")
     kubelet.wait_devices(IL_RESOURCE, lambda d: len(healthy(d)) == 2)
     again = allocate(kubelet, IL_RESOURCE, [first, second])
     assert isinstance(again, dp.AllocateResponse), again
@@ -130,7 +132,7 @@ def test_a_cl_allocate_whose_claim_fails_is_refused_and_claims_nothing(cluster, 
     assert f"of Instance {FOO1}" in assert_refused(answer).details() or FOO1 in answer.details()
     heal(cluster)
     cluster.wait_for(
-        lambda: all_free(cluster, FOO0, FOO1), timeout=10, message="every slot free again"
+        lambda: all_free(cluster, FOO0, FOO1), timeout=20, message="every slot free again"
     )
     kubelet.wait_devices(CL_RESOURCE, lambda d: len(healthy(d)) == 2)
     again = allocate(kubelet, CL_RESOURCE, [f"{CONFIG}-0", f"{CONFIG}-1"])
