@@ -98,24 +98,33 @@ TEMPLATES = [
     },
 ]
 
+# Many threads (watchers, plugins, reconciler) write: wait for the lock rather than failing,
+# and let readers proceed beside a writer. Every SQLite database gets these, the default one
+# and one named by DATABASE_URL alike (without them, "database is locked" at once).
+SQLITE_OPTIONS = {
+    "timeout": 30,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
 DATABASE_URL = env.string("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
     # Named outright: the live-server process of the browser tests derives the name from
     # NAME otherwise, which by then is already the test database's.
     DATABASES["default"]["TEST"] = {"NAME": "test_" + DATABASES["default"]["NAME"]}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        _sqlite = Path(DATABASES["default"]["NAME"])
+        DATABASES["default"]["OPTIONS"] = {
+            **SQLITE_OPTIONS,
+            **DATABASES["default"].get("OPTIONS", {}),
+        }
+        DATABASES["default"]["TEST"] = {"NAME": str(_sqlite.with_name("test_" + _sqlite.name))}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env.string("AKRI_SQLITE_PATH", str(VAR_DIR / "akri-site.sqlite3")),
-            # Many threads (watchers, plugins, reconciler) write: wait for the lock rather
-            # than failing, and let readers proceed beside a writer.
-            "OPTIONS": {
-                "timeout": 30,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
+            "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not memory: Daphne's live-server process must see the test database.
             "TEST": {"NAME": env.string("AKRI_SQLITE_TEST_PATH", str(VAR_DIR / "test.sqlite3"))},
         }

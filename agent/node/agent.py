@@ -183,7 +183,7 @@ class NodeAgent:
         self._cl: dict[str, ConfigurationPlugin] = {}
         self._dirty: set[str] = set()
         self._lifecycle: set[Future] = set()  # plugin starts and stops under way
-        self._holds = 0  # Allocates holding back device-list updates
+        self._holds = 0  # CL Allocates holding back device-list updates
         self._held: set[DevicePlugin] = set()
         self._deadlines: dict[str, float] = {}  # configuration -> re-check at
         self._discovery: dict[str, ConfigDiscovery] = {}  # written by the worker only
@@ -390,35 +390,24 @@ class NodeAgent:
             if plugin is not None:
                 plugin.notify()
 
-    def hold_notifications(self) -> Callable[..., None]:
-        """Device-list updates wait until the returned ``release`` is called (it may be
-        called more than once, with any arguments): they go out together after it."""
+    @contextlib.contextmanager
+    def notifications_held(self) -> Iterator[None]:
+        """Device-list updates wait while a CL Allocate claims and answers, and go out once,
+        together, right after the answer: its concurrent claims would each have the plugins
+        recompute and send their lists in the middle of the call. Measured in one
+        ``cl-allocate`` run, toggled call by call: 4.19 ms p50 with it, 5.78 ms without (28%
+        less) with everything settled between calls; no difference under the sustained churn.
+        The single-slot IL Allocate gained nothing from it and does without."""
         with self._lock:
             self._holds += 1
-        released = False
-
-        def release(*_: object) -> None:
-            nonlocal released
+        try:
+            yield
+        finally:
             with self._lock:
-                if released:
-                    return
-                released = True
                 self._holds -= 1
                 held, self._held = (self._held, set()) if self._holds == 0 else (set(), self._held)
             for plugin in held:
                 plugin.notify()
-
-        return release
-
-    @contextlib.contextmanager
-    def notifications_held(self) -> Iterator[None]:
-        """Device-list updates wait while an Allocate claims and answers: the answer leaves
-        first, and the updates its claims cause go out together right after."""
-        release = self.hold_notifications()
-        try:
-            yield
-        finally:
-            release()
 
     def _config_of_plugin(self, plugin: InstancePlugin) -> str:
         seen = self._seen.get(plugin.instance)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -29,14 +28,12 @@ from agent.domain.cl import cl_devices, plan_cl_claims, preferred_allocation
 from agent.domain.errors import InsufficientDevices, InvalidDeviceId
 from agent.domain.naming import cl_resource_name
 from agent.domain.slots import format_cl
-from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot
+from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot, WriteUnknown
+from agent.node.host import PluginHost
 from agent.node.il import claim_refusal
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,7 @@ Claim = tuple[str, str, str]  # (instance, slot key, value)
 class ConfigurationPlugin(DevicePlugin):
     level = "CL"
 
-    def __init__(self, agent: NodeAgent, configuration: str) -> None:
+    def __init__(self, agent: PluginHost, configuration: str) -> None:
         super().__init__(agent, configuration, cl_resource_name(configuration))
         self.configuration = configuration
         self._allocate_lock = threading.Lock()
@@ -182,6 +179,9 @@ class ConfigurationPlugin(DevicePlugin):
                     made.append(claim)
             except SlotTaken:
                 taken.append(claim)
+            except WriteUnknown as exc:
+                made.append(claim)  # the server may still apply it: roll it back with the rest
+                refusal = refusal or claim_refusal(claim[0], claim[1], exc)
             except (UnknownSlot, ClaimStoreError) as exc:
                 refusal = refusal or claim_refusal(claim[0], claim[1], exc)
         if refusal is not None:

@@ -11,7 +11,8 @@ Frames from the browser (JSON objects with a ``type``):
 Anything else (binary, not JSON, nested too deep, not an object, an unknown type, a bad
 filter) gets an ``{"type": "error"}`` frame and closes *this* socket with code 4400; other
 sockets carry on. Anonymous users and users without a role are refused before the handshake
-completes (4403).
+completes (4403);
+so is everyone while the channel layer cannot be reached (1013: the page retries).
 
 An open socket does not outlive what let it in: the user is checked again before every frame
 from the browser is answered and every ``AKRI_WS_RECHECK_SECONDS`` (the session still exists
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 CLOSE_BAD_FRAME = 4400
 CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_UNAVAILABLE = 1013  # "try again later": the channel layer cannot be reached
 MAX_FRAME = 16 * 1024
 # Instances in a snapshot: the page itself was rendered by the server, the snapshot only
 # catches up; beyond this the browser is told to reload instead.
@@ -140,10 +142,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.release = await database_sync_to_async(can_release)(user)
         session = self.scope.get("session")
         self.session_key = getattr(session, "session_key", None)
+        # Join before accepting: a socket that cannot get deltas (the channel layer's Redis is
+        # down) is refused, so the page says Reconnecting, then Stale, never a false Live.
+        try:
+            await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        except Exception as exc:
+            log.warning("live: refusing a websocket, the channel layer is unavailable: %s", exc)
+            await self.close(code=CLOSE_UNAVAILABLE)
+            return
+        self.joined = True
         await self.accept()
         self.watchdog = asyncio.ensure_future(self._recheck_periodically())
-        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
-        self.joined = True
         WEBSOCKET_CLIENTS.inc()
         query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
         await self._run(self._subscribe, {"view": query.pop("view", "slots"), "filters": query})
@@ -154,7 +163,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self.joined:
             self.joined = False
             WEBSOCKET_CLIENTS.dec()
-            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+            try:
+                await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+            except Exception as exc:  # the membership expires on its own in Redis
+                log.info("live: leaving the group failed: %s", exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if await self._still_allowed():
