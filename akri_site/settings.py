@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "agent",
+    "agent.scheduling",
     "akri_site.dashboard",
 ]
 
@@ -163,6 +164,18 @@ AKRI = {
     "RUN_RETENTION_HOURS": env.number("AKRI_RUN_RETENTION_HOURS", 48.0, minimum=0.01),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
+    # --- scheduler extender (issue 14) ---
+    # Sharing policies the extender enables, by entry-point name (agent.sharing.registry).
+    "SHARING_POLICIES": env.words(
+        "AKRI_SHARING_POLICIES", ["akri-instance", "akri-configuration"]
+    ),
+    # prioritize: "spread" favours nodes with more free devices, "pack" the fullest.
+    "EXTENDER_PRIORITY": env.choice("AKRI_EXTENDER_PRIORITY", "spread", ("spread", "pack")),
+    # Seconds a bind-time assignment counts as taken before the agent's claim shows.
+    "ASSIGNMENT_TIMEOUT_SECONDS": env.number("AKRI_ASSIGNMENT_TIMEOUT", 30.0, minimum=1),
+    # The agent looks up the extender's assignment of the pod it allocates for (one pod
+    # list per Allocate); off when no extender assigns.
+    "AGENT_ASSIGNMENTS": env.boolean("AKRI_AGENT_ASSIGNMENTS", False),
 }
 
 LOGGING = {

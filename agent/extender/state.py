@@ -1,0 +1,329 @@
+"""The extender's books: one set of sharing policies per node, built from the cluster cache,
+plus what the extender itself assigned moments ago and nobody has confirmed yet.
+
+Sources, newest first:
+- assumptions: a pod this extender bound is counted on its node at once (``allocate``), so two
+  pods scheduled back to back never both get the last slot. An assumption ends when the agent's
+  claim shows in the cache (every assigned slot held by that node), when the pod feed shows
+  the pod bound there (its annotations then speak for it), or after ``assume_seconds``;
+- bound pods from the pod feed (their device annotations: Volcano's gpu-index, our
+  assignment);
+- the inventory: Instances and Configurations from the controller's ORM cache, Node objects
+  from the node feed or from the scheduler's own request.
+
+A node's policies are built on first use and kept until one of their inputs changes; inputs
+are compared by identity (the feed reuses unchanged objects), so a filter over thousands of
+nodes does no rebuilding. One lock serializes everything: policies are not thread-safe, and
+the work under it is short (no I/O).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.domain.slots import InstanceState
+from agent.sharing.akri_slots import ASSIGNMENT, parse_assignment
+from agent.sharing.pods import PodView, annotations_of, uid_of
+from agent.sharing.policy import (
+    Code,
+    ConfigurationInfo,
+    NodeInventory,
+    Pod,
+    PolicyError,
+    SharingPolicy,
+    Verdict,
+)
+
+MAX_SCORE = 10
+
+
+@dataclass
+class Assumption:
+    pod: dict[str, Any]
+    node: str
+    deadline: float
+
+
+@dataclass
+class NodeBooks:
+    inventory: NodeInventory
+    policies: list[SharingPolicy]
+    inputs: tuple
+
+
+@dataclass
+class Decision:
+    """A filter's outcome: nodes that fit, and why the others do not."""
+
+    fits: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    # False when no enabled policy shares anything the pod asks for (every node fits).
+    interested: bool = True
+
+
+def node_inputs(obj: Mapping[str, Any] | None) -> tuple:
+    """What of a Node object the policies read: capacity and annotations."""
+    if not obj:
+        return ()
+    capacity = (obj.get("status") or {}).get("capacity") or {}
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return (tuple(sorted(capacity.items())), tuple(sorted(annotations.items())))
+
+
+class SchedulerState:
+    def __init__(
+        self,
+        policies: Iterable[type[SharingPolicy]],
+        *,
+        assume_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy_classes = list(policies)
+        self.assume_seconds = assume_seconds
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._instances: dict[str, InstanceState] = {}
+        self._by_node: dict[str, tuple[InstanceState, ...]] = {}
+        self._configurations: Mapping[str, ConfigurationInfo] = {}
+        self._nodes: dict[str, tuple[dict[str, Any], tuple]] = {}
+        self._pods_by_node: dict[str, tuple[dict[str, Any], ...]] = {}
+        self._pod_nodes: dict[str, str] = {}  # uid -> node, of pods in the feed
+        self.assumptions: dict[str, Assumption] = {}
+        self._books: dict[str, NodeBooks] = {}
+        self._probe: NodeBooks | None = None
+
+    # --- inputs -----------------------------------------------------------------------------
+    def set_inventory(
+        self, instances: Iterable[InstanceState], configurations: Mapping[str, ConfigurationInfo]
+    ) -> None:
+        """Replace the Instances and Configurations (unchanged objects should be the same
+        objects as before, so the nodes they concern keep their books)."""
+        by_node: dict[str, list[InstanceState]] = {}
+        states = {}
+        for state in instances:
+            states[state.name] = state
+            for node in state.nodes:
+                by_node.setdefault(node, []).append(state)
+        with self.lock:
+            self._instances = states
+            self._by_node = {node: tuple(found) for node, found in by_node.items()}
+            if configurations != self._configurations:
+                self._configurations = dict(configurations)
+                self._books.clear()
+            self._probe = None
+            self._drop_claimed()
+
+    def set_node(self, name: str, obj: Mapping[str, Any]) -> None:
+        inputs = node_inputs(obj)
+        with self.lock:
+            held = self._nodes.get(name)
+            if held is None or held[1] != inputs:
+                self._nodes[name] = (dict(obj), inputs)
+
+    def set_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the bound pods that hold devices (the pod feed's relist)."""
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        nodes: dict[str, str] = {}
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            if node:
+                by_node.setdefault(node, []).append(dict(pod))
+                nodes[uid_of(pod)] = node
+        with self.lock:
+            old = self._pods_by_node
+            self._pods_by_node = {n: tuple(p) for n, p in by_node.items()}
+            self._pod_nodes = nodes
+            for node in set(old) | set(by_node):
+                if old.get(node) != self._pods_by_node.get(node):
+                    self._books.pop(node, None)
+            for uid, assumption in list(self.assumptions.items()):
+                if nodes.get(uid) == assumption.node:
+                    self._forget(uid)
+
+    # --- books ------------------------------------------------------------------------------
+    def _inputs(self, node: str) -> tuple:
+        held = self._nodes.get(node)
+        return (self._by_node.get(node, ()), held[1] if held else ())
+
+    def books(self, node: str) -> NodeBooks:
+        """The node's policies, rebuilt when an input changed. Call with the lock held."""
+        inputs = self._inputs(node)
+        books = self._books.get(node)
+        if books is not None and _same(books.inputs, inputs):
+            return books
+        books = self._build(node, inputs)
+        self._books[node] = books
+        return books
+
+    def _build(self, node: str, inputs: tuple) -> NodeBooks:
+        held = self._nodes.get(node)
+        inventory = NodeInventory(
+            name=node,
+            node=held[0] if held else {},
+            instances=inputs[0],
+            configurations=self._configurations,
+            assume_seconds=self.assume_seconds,
+        )
+        policies = [cls(inventory) for cls in self.policy_classes]
+        pods = {uid_of(p): p for p in self._pods_by_node.get(node, ())}
+        for uid, assumption in self.assumptions.items():
+            if assumption.node == node:
+                pods[uid] = assumption.pod
+        for pod in pods.values():
+            for policy in policies:
+                try:
+                    if policy.has_device_request(pod):
+                        policy.add_resource(pod)
+                except PolicyError:
+                    continue  # a pod we cannot read holds nothing we can count
+        return NodeBooks(inventory, policies, inputs)
+
+    def interested(self, pod: Pod) -> list[int]:
+        """Indexes of the policies that share something ``pod`` asks for (PolicyError when
+        the pod cannot be read)."""
+        with self.lock:
+            if self._probe is None:
+                self._probe = self._build("", ((), ()))
+            return [i for i, p in enumerate(self._probe.policies) if p.has_device_request(pod)]
+
+    # --- scheduling -------------------------------------------------------------------------
+    def filter(self, pod: Pod, nodes: Iterable[str]) -> Decision:
+        pod = _view(pod)
+        decision = Decision()
+        try:
+            wanted = self.interested(pod)
+        except PolicyError as exc:
+            decision.error = f"cannot read the pod: {exc}"
+            return decision
+        decision.interested = bool(wanted)
+        with self.lock:
+            self._expire()
+            for node in nodes:
+                code, reason = self._verdict(node, wanted, pod)
+                if code is Code.SUCCESS:
+                    decision.fits.append(node)
+                elif code is Code.UNRESOLVABLE:
+                    decision.unresolvable[node] = reason
+                else:
+                    decision.failed[node] = reason
+        return decision
+
+    def _verdict(self, node: str, wanted: list[int], pod: Pod) -> Verdict:
+        if not wanted:
+            return Code.SUCCESS, ""
+        policies = self.books(node).policies
+        for index in wanted:
+            verdict = policies[index].filter_node(pod)
+            if verdict[0] is not Code.SUCCESS:
+                return verdict
+        return Code.SUCCESS, ""
+
+    def scores(self, pod: Pod, nodes: Iterable[str], pack: bool) -> list[tuple[str, int]]:
+        """0-10 per node: more free room scores higher when spreading, lower when packing."""
+        pod = _view(pod)
+        try:
+            wanted = self.interested(pod)
+        except PolicyError:
+            wanted = []
+        result = []
+        with self.lock:
+            for node in nodes:
+                fractions = []
+                if wanted:
+                    policies = self.books(node).policies
+                    fractions = [policies[i].free_fraction(pod) for i in wanted]
+                known = [f for f in fractions if f is not None]
+                free = sum(known) / len(known) if known else 0.5
+                score = (1 - free) if pack else free
+                result.append((node, max(0, min(MAX_SCORE, round(score * MAX_SCORE)))))
+        return result
+
+    def allocate(self, pod: Pod, node: str) -> dict[str, str]:
+        """Book ``pod``'s devices on ``node``; the annotations to write (PolicyError: no fit,
+        nothing booked). The pod counts as assumed on the node until confirmed or timed out."""
+        pod = _view(pod)
+        wanted = self.interested(pod)
+        with self.lock:
+            self._expire()
+            policies = self.books(node).policies
+            annotations: dict[str, str] = {}
+            done: list[SharingPolicy] = []
+            try:
+                for index in wanted:
+                    annotations.update(policies[index].allocate(pod))
+                    done.append(policies[index])
+            except PolicyError:
+                for policy in done:
+                    policy.release(pod)
+                raise
+            if wanted:
+                assumed = _with_annotations(pod, annotations, node)
+                self.assumptions[uid_of(pod)] = Assumption(
+                    assumed, node, self.clock() + self.assume_seconds
+                )
+            return annotations
+
+    def release(self, pod: Pod, node: str) -> None:
+        """Undo ``allocate`` (the binding failed)."""
+        with self.lock:
+            self.assumptions.pop(uid_of(pod), None)
+            self._books.pop(node, None)
+
+    def status(self, node: str) -> list[tuple[str, str]]:
+        with self.lock:
+            return [(p.name, p.status()) for p in self.books(node).policies]
+
+    # --- assumptions ------------------------------------------------------------------------
+    def _forget(self, uid: str) -> None:
+        assumption = self.assumptions.pop(uid, None)
+        if assumption is not None:
+            self._books.pop(assumption.node, None)
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for uid, assumption in list(self.assumptions.items()):
+            if assumption.deadline <= now:
+                self._forget(uid)
+
+    def _drop_claimed(self) -> None:
+        """Assumptions whose every assigned slot the cache now shows held by their node."""
+        for uid, assumption in list(self.assumptions.items()):
+            annotations = annotations_of(assumption.pod)
+            if ASSIGNMENT not in annotations:
+                continue
+            try:
+                _, _, slots = parse_assignment(annotations)
+            except PolicyError:
+                continue
+            keys = [key for keys in slots.values() for key in keys]
+            if keys and all(self._held_by(key, assumption.node) for key in keys):
+                self._forget(uid)
+
+    def _held_by(self, key: str, node: str) -> bool:
+        state = self._instances.get(key.rpartition("-")[0])
+        return state is not None and state.usage(key).held_by(node)
+
+
+def _view(pod: Pod) -> PodView:
+    return pod if isinstance(pod, PodView) else PodView(pod)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Inputs equal by identity of their Instance states and equality of the node part."""
+    if a[1] != b[1] or len(a[0]) != len(b[0]):
+        return False
+    return all(x is y for x, y in zip(a[0], b[0], strict=True))
+
+
+def _with_annotations(pod: Pod, annotations: Mapping[str, str], node: str) -> dict[str, Any]:
+    meta = dict(pod.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    spec = dict(pod.get("spec") or {})
+    spec["nodeName"] = node
+    return {**pod, "metadata": meta, "spec": spec}

@@ -1,0 +1,96 @@
+"""Policy ``akri-instance``: pods asking for ``akri.sh/<instance>`` (one specific device).
+
+Fits when the node can see the Instance and it has as many free slots as asked (free in
+``deviceUsage`` and not assumed by a pod bound moments ago). Unresolvable when the node cannot
+see the Instance, or its capacity is below the request: no eviction would change that.
+Unschedulable when the slots exist but are busy.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agent.sharing.akri_slots import AkriSlots, akri_requests, short_name
+from agent.sharing.pods import uid_of
+from agent.sharing.policy import OK, Code, NodeInventory, Pod, PolicyError, SharingPolicy, Verdict
+
+
+class AkriInstancePolicy(SharingPolicy):
+    name = "akri-instance"
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        super().__init__(inventory)
+        self.slots = AkriSlots.of(inventory)
+
+    def _wanted(self, pod: Pod) -> dict[str, int]:
+        return {r: n for r, n in akri_requests(pod).items() if not self.slots.is_configuration(r)}
+
+    def add_resource(self, pod: Pod) -> None:
+        self.slots.add_pod(pod, want_configuration=False)
+
+    def sub_resource(self, pod: Pod) -> None:
+        self.slots.drop_pod(pod, want_configuration=False)
+
+    def has_device_request(self, pod: Pod) -> bool:
+        return bool(self._wanted(pod))
+
+    def filter_node(self, pod: Pod) -> Verdict:
+        try:
+            wanted = self._wanted(pod)
+        except PolicyError as exc:
+            return Code.ERROR, str(exc)
+        for resource, count in sorted(wanted.items()):
+            verdict = self._fits(short_name(resource), count)
+            if verdict[0] is not Code.SUCCESS:
+                return verdict
+        return OK
+
+    def _fits(self, instance: str, count: int) -> Verdict:
+        state = self.slots.instances.get(instance)
+        if state is None:
+            return Code.UNRESOLVABLE, f"Instance {instance} is not visible to node {self.node}"
+        if state.capacity < count:
+            return Code.UNRESOLVABLE, (
+                f"Instance {instance} has capacity {state.capacity}, {count} slots requested"
+            )
+        free = len(self.slots.free(instance))
+        if free < count:
+            return Code.UNSCHEDULABLE, (
+                f"Instance {instance}: {count} slots requested, {free} free of {state.capacity}"
+            )
+        return OK
+
+    def allocate(self, pod: Pod) -> dict[str, str]:
+        wanted = self._wanted(pod)
+        verdict = self.filter_node(pod)
+        if verdict[0] is not Code.SUCCESS:
+            raise PolicyError(verdict[1])
+        uid, at = uid_of(pod), time.time_ns()
+        for resource, count in sorted(wanted.items()):
+            keys = self.slots.free(short_name(resource))[:count]
+            self.slots.assume(uid, resource, keys, at)
+        return self.slots.annotations_for(uid)
+
+    def release(self, pod: Pod) -> None:
+        self.slots.drop_pod(pod, want_configuration=False)
+
+    def free_fraction(self, pod: Pod) -> float | None:
+        instances = [self.slots.instances.get(short_name(r)) for r in self._wanted(pod)]
+        total = sum(s.capacity for s in instances if s is not None)
+        free = sum(len(self.slots.free(s.name)) for s in instances if s is not None)
+        return free / total if total else None
+
+    def status(self) -> str:
+        states = self.slots.instances.values()
+        total = sum(s.capacity for s in states)
+        free = sum(len(self.slots.free(s.name)) for s in states)
+        assumed = sum(
+            len(k)
+            for slots in self.slots.assumed.values()
+            for r, k in slots.items()
+            if not self.slots.is_configuration(r)
+        )
+        return (
+            f"{len(self.slots.instances)} Instances visible, {free} of {total} slots free, "
+            f"{assumed} assigned through Instance resources and not yet claimed"
+        )
