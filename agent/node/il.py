@@ -19,6 +19,7 @@ import grpc
 from agent.domain.naming import il_resource_name
 from agent.domain.slots import format_il, il_devices
 from agent.kube.claims import ClaimStoreError, InstanceGone, SlotTaken, UnknownSlot
+from agent.node.assignments import il_preferred
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
@@ -55,8 +56,18 @@ class InstancePlugin(DevicePlugin):
 
     def options(self) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=False
+            pre_start_required=False,
+            get_preferred_allocation_available=self.agent.assignments.enabled,
         )
+
+    def preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        if not self.agent.assignments.enabled:
+            return super().preferred(request)  # not offered: UNIMPLEMENTED, as before
+        response = dp.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = il_preferred(self.agent.assignments, self.resource_name, container)
+            response.container_responses.add(deviceIDs=ids)
+        return response
 
     def devices(self) -> list[tuple[str, str]]:
         state = self.agent.view.state(self.instance)
