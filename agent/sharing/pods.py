@@ -28,7 +28,9 @@ def quantity(value: Any, resource: str) -> int:
     raise PolicyError(f"{resource}: quantity {value!r} is not a whole number")
 
 
-def _container_requests(container: Any) -> dict[str, int]:
+def _container_requests(container: Any, prefix: str) -> dict[str, int]:
+    """Requests of one container for resources named ``prefix...``; other resources (cpu,
+    memory, anything not ours) are not even parsed."""
     if not isinstance(container, Mapping):
         raise PolicyError("a container is not an object")
     resources = container.get("resources") or {}
@@ -40,7 +42,11 @@ def _container_requests(container: Any) -> dict[str, int]:
         if not isinstance(values, Mapping):
             raise PolicyError(f"container resources.{part} is not an object")
         asked.update(values)
-    return {name: quantity(value, name) for name, value in asked.items()}
+    return {
+        name: quantity(value, name)
+        for name, value in asked.items()
+        if isinstance(name, str) and name.startswith(prefix)
+    }
 
 
 def _containers(spec: Mapping[str, Any], key: str) -> list[Any]:
@@ -84,13 +90,11 @@ def _parse_requests(pod: Pod, prefix: str) -> dict[str, int]:
         raise PolicyError("the pod has no spec")
     total: dict[str, int] = {}
     for container in _containers(spec, "containers"):
-        for name, count in _container_requests(container).items():
-            if name.startswith(prefix):
-                total[name] = total.get(name, 0) + count
+        for name, count in _container_requests(container, prefix).items():
+            total[name] = total.get(name, 0) + count
     for container in _containers(spec, "initContainers"):
-        for name, count in _container_requests(container).items():
-            if name.startswith(prefix):
-                total[name] = max(total.get(name, 0), count)
+        for name, count in _container_requests(container, prefix).items():
+            total[name] = max(total.get(name, 0), count)
     return {name: count for name, count in total.items() if count > 0}
 
 
