@@ -43,6 +43,8 @@ class VerdictRecorder:
     def __init__(self) -> None:
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
+        # Held for a whole flush, so that flush() returns only when what was queued is written.
+        self._writing = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="verdicts", daemon=True)
