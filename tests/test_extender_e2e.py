@@ -17,7 +17,6 @@ from kubernetes import client
 from agent.discovery.base import HandlerRegistry
 from agent.discovery.debugecho import DebugEchoHandler
 from agent.extender.service import ExtenderService
-from agent.models import Instance
 from agent.scheduling.models import PodVerdict
 from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
 from tests.extender_world import MiniScheduler
@@ -57,8 +56,12 @@ def world(kube, settings):
     cluster.stop()
 
 
-def instances_of(node: str) -> list[Instance]:
-    return [i for i in Instance.objects.filter(configuration_name=CONFIG) if node in i.nodes]
+def books_show_one_taken_on_node_b(service: ExtenderService) -> bool:
+    """The extender has read, from the cache, six cameras and node-b's early claim."""
+    with service.state.lock:
+        states = service.state._instances.values()
+        taken = sum(s.used_count() for s in states if "node-b" in s.nodes)
+        return len(states) == 6 and taken == 1
 
 
 def test_a_three_camera_pod_lands_only_where_three_are_free_and_the_next_one_waits(kube, world):
@@ -66,11 +69,7 @@ def test_a_three_camera_pod_lands_only_where_three_are_free_and_the_next_one_wai
     # node-b: one camera taken by a pod the kubelet admitted before the extender was asked.
     early = scheduler.create("early", {RESOURCE: 1})
     assert scheduler.admit(early, "node-b") == (True, "")
-    kube.wait_for(
-        lambda: sum(1 for i in instances_of("node-b") if any(i.device_usage.values())) == 1,
-        timeout=10,
-    )
-    kube.wait_for(lambda: len(service.state._instances) == 6, timeout=10)
+    kube.wait_for(lambda: books_show_one_taken_on_node_b(service), timeout=10)
 
     first = scheduler.schedule(scheduler.create("three", {RESOURCE: 3}))
 

@@ -74,14 +74,23 @@ class VerdictRecorder:
             self.flush()
 
     def flush(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        if not pending:
-            return
-        try:
-            close_old_connections()
-            for (namespace, name), fields in pending.items():
-                PodVerdict.objects.update_or_create(namespace=namespace, name=name, defaults=fields)
-        except Exception:
-            self.errors += 1
-            log.exception("extender: writing %d verdicts failed; dropped", len(pending))
+        """Write what is queued; returns once it is written. A failed write is queued again
+        (unless a newer verdict for the pod came meanwhile) for the next flush."""
+        with self._writing:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+            if not pending:
+                return
+            try:
+                close_old_connections()
+                for (namespace, name), fields in list(pending.items()):
+                    PodVerdict.objects.update_or_create(
+                        namespace=namespace, name=name, defaults=fields
+                    )
+                    del pending[(namespace, name)]
+            except Exception:
+                self.errors += 1
+                log.exception("extender: writing verdicts failed; %d kept for later", len(pending))
+                with self._lock:
+                    for key, fields in pending.items():
+                        self._pending[key] = {**fields, **self._pending.get(key, {})}
