@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.domain.slots import InstanceState
-from agent.sharing.akri_slots import ASSIGNMENT, parse_assignment
+from agent.sharing.akri_slots import ASSIGNMENT, instance_of_slot, parse_assignment, unconsumed
 from agent.sharing.pods import PodView, annotations_of, uid_of
 from agent.sharing.policy import (
     Code,
@@ -97,6 +97,7 @@ class SchedulerState:
         self.assumptions: dict[str, Assumption] = {}
         self._books: dict[str, NodeBooks] = {}
         self._probe: NodeBooks | None = None
+        self._owners: dict[str, str] | None = None  # assigned, unclaimed slot -> its node
 
     # --- inputs -----------------------------------------------------------------------------
     def set_inventory(
@@ -145,6 +146,7 @@ class SchedulerState:
             for uid, assumption in list(self.assumptions.items()):
                 if nodes.get(uid) == assumption.node:
                     self._forget(uid)
+            self._owners_changed()
 
     # --- books ------------------------------------------------------------------------------
     def _inputs(self, node: str) -> tuple:
@@ -163,12 +165,19 @@ class SchedulerState:
 
     def _build(self, node: str, inputs: tuple) -> NodeBooks:
         held = self._nodes.get(node)
+        visible = {state.name for state in inputs[0]}
+        reserved = frozenset(
+            key
+            for key, owner in self._slot_owners().items()
+            if owner != node and instance_of_slot(key) in visible
+        )
         inventory = NodeInventory(
             name=node,
             node=held[0] if held else {},
             instances=inputs[0],
             configurations=self._configurations,
             assume_seconds=self.assume_seconds,
+            reserved=reserved,
         )
         policies = [cls(inventory) for cls in self.policy_classes]
         pods = {uid_of(p): p for p in self._pods_by_node.get(node, ())}
@@ -267,13 +276,14 @@ class SchedulerState:
                 self.assumptions[uid_of(pod)] = Assumption(
                     assumed, node, self.clock() + self.assume_seconds
                 )
+                self._owners_changed()
             return annotations
 
     def release(self, pod: Pod, node: str) -> None:
         """Undo ``allocate`` (the binding failed)."""
         with self.lock:
-            self.assumptions.pop(uid_of(pod), None)
             self._books.pop(node, None)
+            self._forget(uid_of(pod))
 
     def status(self, node: str) -> list[tuple[str, str]]:
         with self.lock:
@@ -284,6 +294,31 @@ class SchedulerState:
         assumption = self.assumptions.pop(uid, None)
         if assumption is not None:
             self._books.pop(assumption.node, None)
+            self._owners_changed()
+
+    # --- slots of shared Instances assigned on one node count on every node that sees them --
+    def _slot_owners(self) -> dict[str, str]:
+        if self._owners is None:
+            owners: dict[str, str] = {}
+            fresh_after = time.time_ns() - int(self.assume_seconds * 1e9)
+            for node, pods in self._pods_by_node.items():
+                for pod in pods:
+                    _add_owned(owners, pod, node, fresh_after)
+            for assumption in self.assumptions.values():
+                _add_owned(owners, assumption.pod, assumption.node, fresh_after)
+            self._owners = owners
+        return self._owners
+
+    def _owners_changed(self) -> None:
+        """Drop the books of every other node that sees a slot whose owner changed."""
+        before = self._owners or {}
+        self._owners = None
+        after = self._slot_owners()
+        changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+        for key in changed:
+            state = self._instances.get(instance_of_slot(key))
+            for node in state.nodes if state is not None else ():
+                self._books.pop(node, None)
 
     def _expire(self) -> None:
         now = self.clock()
@@ -308,6 +343,21 @@ class SchedulerState:
     def _held_by(self, key: str, node: str) -> bool:
         state = self._instances.get(key.rpartition("-")[0])
         return state is not None and state.usage(key).held_by(node)
+
+
+def _add_owned(owners: dict[str, str], pod: Pod, node: str, fresh_after: int) -> None:
+    annotations = annotations_of(pod)
+    if ASSIGNMENT not in annotations:
+        return
+    try:
+        at = parse_assignment(annotations)[1]
+    except PolicyError:
+        return
+    if at < fresh_after:
+        return
+    for keys in unconsumed(pod, node).values():
+        for key in keys:
+            owners.setdefault(key, node)
 
 
 def _view(pod: Pod) -> PodView:

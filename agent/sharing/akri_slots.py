@@ -109,6 +109,7 @@ class AkriSlots:
             self._by_config.setdefault(state.configuration, []).append(state)
         self.assumed: dict[str, dict[str, list[str]]] = {}  # pod uid -> resource -> slots
         self._taken: dict[str, str] = {}  # slot key -> pod uid assumed to take it
+        self._elsewhere = inventory.reserved  # assumed by pods bound to other nodes
         self.at: dict[str, int] = {}  # pod uid -> when it was assigned (unix ns)
 
     @classmethod
@@ -138,7 +139,11 @@ class AkriSlots:
 
     # --- books ----------------------------------------------------------------------------
     def free(self, instance: str) -> list[str]:
-        return [k for k in self._free.get(instance, ()) if k not in self._taken]
+        return [
+            k
+            for k in self._free.get(instance, ())
+            if k not in self._taken and k not in self._elsewhere
+        ]
 
     def cl_held(self, configuration: str) -> int:
         """Slots this node holds or is assumed to hold through the CL plugin."""
@@ -153,7 +158,7 @@ class AkriSlots:
     def assume(self, uid: str, resource: str, keys: list[str], at: int = 0) -> None:
         """Count ``keys`` as taken by pod ``uid``; replaces what it held for ``resource``."""
         self.forget(uid, [resource])
-        mine = [k for k in keys if k not in self._taken]
+        mine = [k for k in keys if k not in self._taken and k not in self._elsewhere]
         for key in mine:
             self._taken[key] = uid
         self.assumed.setdefault(uid, {})[resource] = mine

@@ -67,6 +67,9 @@ class NodeInventory:
     shared: dict[str, Any] = field(default_factory=dict)
     # How long a device assigned at bind counts as taken before the agent's claim shows.
     assume_seconds: float = 30.0
+    # Slots of shared Instances assigned to pods on other nodes and not claimed yet: taken
+    # here too (the Instance is one device, whichever node's pod gets it).
+    reserved: frozenset[str] = frozenset()
 
 
 class SharingPolicy(ABC):
