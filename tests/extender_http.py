@@ -1,31 +1,14 @@
-"""Talking to the extender as kube-scheduler does: POST JSON, read JSON (helpers for tests)."""
+"""Cache rows and Node objects for the extender tests; the HTTP side is
+``agent.simulator.scheduler``'s."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Any
 
 from agent.kube.cache import apply_configuration, apply_instance
+from agent.simulator.scheduler import filter_args, post
 
-
-def post(url: str, body: Any, raw: bytes | None = None, timeout: float = 10) -> tuple[int, Any]:
-    data = raw if raw is not None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-
-
-def filter_args(pod: dict[str, Any], nodes: list[str], node_objects: list[dict] | None = None):
-    """ExtenderArgs as the scheduler marshals them: both keys present, the unused one null."""
-    if node_objects is None:
-        return {"Pod": pod, "Nodes": None, "NodeNames": nodes}
-    return {"Pod": pod, "Nodes": {"metadata": {}, "items": node_objects}, "NodeNames": None}
+__all__ = ["filter_args", "post", "node_object", "put_configuration", "put_instance"]
 
 
 def node_object(name: str, **capacity: str) -> dict[str, Any]:

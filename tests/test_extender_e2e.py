@@ -19,7 +19,7 @@ from agent.discovery.debugecho import DebugEchoHandler
 from agent.extender.service import ExtenderService
 from agent.scheduling.models import PodVerdict
 from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
-from tests.extender_world import MiniScheduler
+from agent.simulator.scheduler import MiniScheduler
 from tests.test_agent_lifecycle import AgentCluster, configuration_body
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]

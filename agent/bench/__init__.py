@@ -56,6 +56,17 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_sweep",
         "one node-local sweep over 500 Instances x 4 held slots in use",
     ),
+    # --- scheduler extender (issue 14) ---
+    "extender-filter": (
+        "agent.bench.extender",
+        "bench_extender_filter",
+        "one pod filtered over 5,000 nodes seeing 20,000 Instances, over HTTP",
+    ),
+    "schedule-storm": (
+        "agent.bench.extender",
+        "bench_schedule_storm",
+        "500 pods asking unique CL devices, room for 300: admission errors, overbooking",
+    ),
 }
 
 
