@@ -3,8 +3,8 @@
 ``extender-filter``: one pod asking for 2 unique devices of a Configuration, filtered over
 5,000 nodes that see 20,000 Instances (2 Configurations, two Instances of each per node, a
 third of the slots held), as kube-scheduler sends it with ``nodeCacheCapable: true``: a POST of the pod and
-5,000 node names, timed from the client, HTTP and JSON included. The books come from the ORM
-cache exactly as ``runextender`` reads it. ``passthrough_p95_ms`` is the same call for a pod
+5,000 node names, timed from the client, HTTP and JSON included, to ``manage.py runextender``
+in a process of its own reading its books from the ORM cache as it does in production. ``passthrough_p95_ms`` is the same call for a pod
 that asks for nothing of ours, in the same run: the floor HTTP and JSON set.
 
 ``schedule-storm``: 500 pods, each asking for one unique device of a Configuration, against
@@ -21,8 +21,14 @@ waits Pending with a reason).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -93,6 +99,50 @@ def _timed_filters(url: str, pod: dict[str, Any], names: list[str], rounds: int)
     return samples
 
 
+@contextlib.contextmanager
+def _extender_process(namespace: str) -> Any:
+    """``manage.py runextender`` in a process of its own, as it runs beside kube-scheduler:
+    the client's JSON work must not share the extender's interpreter lock."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "AKRI_NAMESPACE": namespace, "LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "manage.py",
+            "runextender",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--without-api",
+        ],
+        cwd=str(settings.BASE_DIR),
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        # It serves only once its books are loaded from the cache.
+        _wait_for(lambda: _healthy(url) or proc.poll() is not None, 300, "runextender")
+        if proc.poll() is not None:
+            raise RuntimeError("runextender exited")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def bench_extender_filter(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     ensure_migrated()
     nodes, configs = (500, 4) if quick else (5000, 4)
@@ -101,13 +151,12 @@ def bench_extender_filter(quick: bool = False, stdout: Any = None) -> dict[str, 
     _fill_cache(namespace, nodes, configs)
     names = [f"node-{n}" for n in range(nodes)]
     try:
-        service = ExtenderService(None, namespace=namespace, record=False, feed_interval=1.0)
-        with service:
+        with _extender_process(namespace) as url:
             asking = _pod({"akri.sh/cfg1": "2", "cpu": "1"})
-            samples = _timed_filters(service.url, asking, names, rounds)
-            status, result = post(service.url + "/filter", filter_args(asking, names))
+            samples = _timed_filters(url, asking, names, rounds)
+            _, result = post(url + "/filter", filter_args(asking, names))
             fits = len(result["NodeNames"])
-            plain = _timed_filters(service.url, _pod({"cpu": "1"}), names, rounds)
+            plain = _timed_filters(url, _pod({"cpu": "1"}), names, rounds)
     finally:
         Instance.objects.filter(namespace=namespace).delete()
         Configuration.objects.filter(namespace=namespace).delete()

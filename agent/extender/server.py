@@ -21,7 +21,7 @@ from aiohttp import web
 from agent.extender import protocol
 from agent.extender.binder import Binder, BindError
 from agent.extender.state import SchedulerState
-from agent.scheduling.recorder import VerdictRecorder, verdict_fields
+from agent.scheduling.recorder import VerdictRecorder
 from agent.sharing.policy import PolicyError
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,15 @@ class Extender:
         if self.recorder is None or not decision.interested:
             return
         meta = pod.get("metadata") or {}
-        fields = verdict_fields(
-            decision.fits, decision.failed, decision.unresolvable, decision.error
+        self.recorder.record_decision(
+            meta.get("namespace", ""),
+            meta["name"],
+            meta.get("uid", ""),
+            decision.fits,
+            decision.failed,
+            decision.unresolvable,
+            decision.error,
         )
-        self.recorder.record(meta.get("namespace", ""), meta["name"], meta.get("uid", ""), fields)
 
     def _remember(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")

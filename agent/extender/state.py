@@ -111,12 +111,19 @@ class SchedulerState:
             states[state.name] = state
             for node in state.nodes:
                 by_node.setdefault(node, []).append(state)
+        fresh = {node: tuple(found) for node, found in by_node.items()}
         with self.lock:
+            old = self._by_node
             self._instances = states
-            self._by_node = {node: tuple(found) for node, found in by_node.items()}
+            self._by_node = fresh
             if configurations != self._configurations:
                 self._configurations = dict(configurations)
                 self._books.clear()
+            else:
+                # Compared here, once per change, so that a filter never compares inputs.
+                for node in old.keys() | fresh.keys():
+                    if not _same_states(old.get(node, ()), fresh.get(node, ())):
+                        self._books.pop(node, None)
             self._probe = None
             self._drop_claimed()
 
@@ -126,6 +133,7 @@ class SchedulerState:
             held = self._nodes.get(name)
             if held is None or held[1] != inputs:
                 self._nodes[name] = (dict(obj), inputs)
+                self._books.pop(name, None)
 
     def set_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Replace the bound pods that hold devices (the pod feed's relist)."""
@@ -154,13 +162,11 @@ class SchedulerState:
         return (self._by_node.get(node, ()), held[1] if held else ())
 
     def books(self, node: str) -> NodeBooks:
-        """The node's policies, rebuilt when an input changed. Call with the lock held."""
-        inputs = self._inputs(node)
+        """The node's policies; built on first use and dropped whenever one of their inputs
+        changes (Instances, Node object, pods, assignments). Call with the lock held."""
         books = self._books.get(node)
-        if books is not None and _same(books.inputs, inputs):
-            return books
-        books = self._build(node, inputs)
-        self._books[node] = books
+        if books is None:
+            books = self._books[node] = self._build(node, self._inputs(node))
         return books
 
     def _build(self, node: str, inputs: tuple) -> NodeBooks:
@@ -364,11 +370,9 @@ def _view(pod: Pod) -> PodView:
     return pod if isinstance(pod, PodView) else PodView(pod)
 
 
-def _same(a: tuple, b: tuple) -> bool:
-    """Inputs equal by identity of their Instance states and equality of the node part."""
-    if a[1] != b[1] or len(a[0]) != len(b[0]):
-        return False
-    return all(x is y for x, y in zip(a[0], b[0], strict=True))
+def _same_states(a: tuple, b: tuple) -> bool:
+    """Equal by identity: the feed keeps the object of an Instance that did not change."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _with_annotations(pod: Pod, annotations: Mapping[str, str], node: str) -> dict[str, Any]:

@@ -39,6 +39,16 @@ def verdict_fields(
     }
 
 
+_DECISION = "_decision"
+
+
+def _expanded(fields: dict[str, Any]) -> dict[str, Any]:
+    if _DECISION not in fields:
+        return fields
+    rest = {k: v for k, v in fields.items() if k != _DECISION}
+    return {**verdict_fields(*fields[_DECISION]), **rest}
+
+
 class VerdictRecorder:
     def __init__(self) -> None:
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
@@ -60,6 +70,24 @@ class VerdictRecorder:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.flush()
+
+    def record_decision(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        fits: list[str],
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+        error: str,
+    ) -> None:
+        """A filter's outcome; summarised in the writer's thread, off the scheduler's path
+        (thousands of reasons to count). The caller must not change the collections after."""
+        fields = {_DECISION: (fits, failed, unresolvable, error), "bound_to": ""}
+        with self._lock:
+            # A new filter replaces what was queued: the pod is being scheduled again.
+            self._pending[(namespace, name)] = {**fields, "uid": uid, "at": timezone.now()}
+        self._wake.set()
 
     def record(self, namespace: str, name: str, uid: str, fields: dict[str, Any]) -> None:
         with self._lock:
@@ -85,7 +113,7 @@ class VerdictRecorder:
                 close_old_connections()
                 for (namespace, name), fields in list(pending.items()):
                     PodVerdict.objects.update_or_create(
-                        namespace=namespace, name=name, defaults=fields
+                        namespace=namespace, name=name, defaults=_expanded(fields)
                     )
                     del pending[(namespace, name)]
             except Exception:

@@ -48,20 +48,23 @@ class AkriConfigurationPolicy(SharingPolicy):
         except PolicyError as exc:
             return Code.ERROR, str(exc)
         for resource, count in sorted(wanted.items()):
-            verdict, _ = self._plan(short_name(resource), count)
+            verdict, _ = self._plan(short_name(resource), count, choose=False)
             if verdict[0] is not Code.SUCCESS:
                 return verdict
         return OK
 
-    def _plan(self, configuration: str, count: int) -> tuple[Verdict, list[str]]:
+    def _plan(
+        self, configuration: str, count: int, choose: bool = True
+    ) -> tuple[Verdict, list[str]]:
+        """The verdict, and (with ``choose``) the slots to take."""
         info = self.slots.configurations[configuration]
         usable = self.slots.usable(configuration)
         if info.unique_devices:
-            return self._plan_unique(configuration, usable, count)
+            return self._plan_unique(configuration, usable, count, choose)
         return self._plan_packed(configuration, usable, count)
 
     def _plan_unique(
-        self, configuration: str, usable: list[InstanceState], count: int
+        self, configuration: str, usable: list[InstanceState], count: int, choose: bool
     ) -> tuple[Verdict, list[str]]:
         if len(usable) < count:
             return (
@@ -69,8 +72,7 @@ class AkriConfigurationPolicy(SharingPolicy):
                 f"{count} unique {configuration} devices requested, node {self.node} sees "
                 f"{len(usable)}",
             ), []
-        with_free = [(s, self.slots.free(s.name)) for s in usable]
-        with_free = [(s, free) for s, free in with_free if free]
+        with_free = [s for s in usable if self.slots.has_free(s.name)]
         # The CL plugin advertises one device per visible Instance, less those it holds.
         advertised = len(usable) - self.slots.cl_held(configuration)
         available = min(len(with_free), advertised)
@@ -80,8 +82,13 @@ class AkriConfigurationPolicy(SharingPolicy):
                 f"{count} unique {configuration} devices requested, {available} of "
                 f"{len(usable)} free on node {self.node}",
             ), []
-        with_free.sort(key=lambda pair: (-len(pair[1]), pair[0].name))
-        return OK, [free[0] for _, free in with_free[:count]]
+        if not choose:
+            return OK, []
+        frees = sorted(
+            ((self.slots.free(s.name), s.name) for s in with_free),
+            key=lambda pair: (-len(pair[0]), pair[1]),
+        )
+        return OK, [free[0] for free, _ in frees[:count]]
 
     def _plan_packed(
         self, configuration: str, usable: list[InstanceState], count: int

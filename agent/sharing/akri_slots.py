@@ -145,15 +145,17 @@ class AkriSlots:
             if k not in self._taken and k not in self._elsewhere
         ]
 
+    def has_free(self, instance: str) -> bool:
+        taken, elsewhere = self._taken, self._elsewhere
+        return any(k not in taken and k not in elsewhere for k in self._free.get(instance, ()))
+
     def cl_held(self, configuration: str) -> int:
         """Slots this node holds or is assumed to hold through the CL plugin."""
-        assumed = sum(
-            len(keys)
-            for slots in self.assumed.values()
-            for resource, keys in slots.items()
-            if short_name(resource) == configuration
-        )
-        return self._cl_held.get(configuration, 0) + assumed
+        held = self._cl_held.get(configuration, 0)
+        if not self.assumed:
+            return held
+        resource = RESOURCE_PREFIX + configuration
+        return held + sum(len(slots.get(resource, ())) for slots in self.assumed.values())
 
     def assume(self, uid: str, resource: str, keys: list[str], at: int = 0) -> None:
         """Count ``keys`` as taken by pod ``uid``; replaces what it held for ``resource``."""
