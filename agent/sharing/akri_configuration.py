@@ -19,7 +19,7 @@ import time
 
 from agent.domain.slots import InstanceState
 from agent.sharing.akri_slots import AkriSlots, akri_requests, short_name
-from agent.sharing.pods import uid_of
+from agent.sharing.pods import memo, uid_of
 from agent.sharing.policy import OK, Code, NodeInventory, Pod, PolicyError, SharingPolicy, Verdict
 
 
@@ -31,7 +31,12 @@ class AkriConfigurationPolicy(SharingPolicy):
         self.slots = AkriSlots.of(inventory)
 
     def _wanted(self, pod: Pod) -> dict[str, int]:
-        return {r: n for r, n in akri_requests(pod).items() if self.slots.is_configuration(r)}
+        configurations = self.slots.configurations
+        return memo(
+            pod,
+            ("akri-configuration", id(configurations)),
+            lambda: {r: n for r, n in akri_requests(pod).items() if self.slots.is_configuration(r)},
+        )
 
     def add_resource(self, pod: Pod) -> None:
         self.slots.add_pod(pod, want_configuration=True)
@@ -72,10 +77,9 @@ class AkriConfigurationPolicy(SharingPolicy):
                 f"{count} unique {configuration} devices requested, node {self.node} sees "
                 f"{len(usable)}",
             ), []
-        with_free = [s for s in usable if self.slots.has_free(s.name)]
         # The CL plugin advertises one device per visible Instance, less those it holds.
         advertised = len(usable) - self.slots.cl_held(configuration)
-        available = min(len(with_free), advertised)
+        available = min(self.slots.with_free(configuration), advertised)
         if available < count:
             return (
                 Code.UNSCHEDULABLE,
@@ -85,7 +89,7 @@ class AkriConfigurationPolicy(SharingPolicy):
         if not choose:
             return OK, []
         frees = sorted(
-            ((self.slots.free(s.name), s.name) for s in with_free),
+            ((self.slots.free(s.name), s.name) for s in usable if self.slots.free_count(s.name)),
             key=lambda pair: (-len(pair[0]), pair[1]),
         )
         return OK, [free[0] for free, _ in frees[:count]]

@@ -53,7 +53,7 @@ class AkriInstancePolicy(SharingPolicy):
             return Code.UNRESOLVABLE, (
                 f"Instance {instance} has capacity {state.capacity}, {count} slots requested"
             )
-        free = len(self.slots.free(instance))
+        free = self.slots.free_count(instance)
         if free < count:
             return Code.UNSCHEDULABLE, (
                 f"Instance {instance}: {count} slots requested, {free} free of {state.capacity}"

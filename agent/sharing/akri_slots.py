@@ -102,15 +102,27 @@ class AkriSlots:
         self.assume_ns = int(inventory.assume_seconds * 1e9)
         self.configurations = inventory.configurations
         self.instances: dict[str, InstanceState] = {s.name: s for s in inventory.instances}
-        self._free = {s.name: s.free_slots() for s in inventory.instances}
+        self._elsewhere = inventory.reserved  # assumed by pods bound to other nodes
+        # Slots free in deviceUsage and not assumed on another node: fixed for these books.
+        self._free = {
+            s.name: [k for k in s.free_slots() if k not in self._elsewhere]
+            for s in inventory.instances
+        }
         self._cl_held = self._count_cl_held(inventory.instances)
         self._by_config: dict[str, list[InstanceState]] = {}
         for state in sorted(inventory.instances, key=lambda s: s.name):
             self._by_config.setdefault(state.configuration, []).append(state)
         self.assumed: dict[str, dict[str, list[str]]] = {}  # pod uid -> resource -> slots
         self._taken: dict[str, str] = {}  # slot key -> pod uid assumed to take it
-        self._elsewhere = inventory.reserved  # assumed by pods bound to other nodes
         self.at: dict[str, int] = {}  # pod uid -> when it was assigned (unix ns)
+        # Counts kept as slots are assumed and forgotten, so that a filter over thousands of
+        # nodes compares numbers instead of walking slots (``check`` recounts them).
+        self._free_count = {name: len(keys) for name, keys in self._free.items()}
+        self._with_free = {
+            config: sum(1 for s in states if self._free_count[s.name])
+            for config, states in self._by_config.items()
+        }
+        self._cl_assumed: dict[str, int] = {}
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> AkriSlots:
@@ -139,30 +151,38 @@ class AkriSlots:
 
     # --- books ----------------------------------------------------------------------------
     def free(self, instance: str) -> list[str]:
-        return [
-            k
-            for k in self._free.get(instance, ())
-            if k not in self._taken and k not in self._elsewhere
-        ]
+        return [k for k in self._free.get(instance, ()) if k not in self._taken]
 
-    def has_free(self, instance: str) -> bool:
-        taken, elsewhere = self._taken, self._elsewhere
-        return any(k not in taken and k not in elsewhere for k in self._free.get(instance, ()))
+    def free_count(self, instance: str) -> int:
+        return self._free_count.get(instance, 0)
+
+    def with_free(self, configuration: str) -> int:
+        """Instances of ``configuration`` this node sees that have a free slot."""
+        return self._with_free.get(configuration, 0)
 
     def cl_held(self, configuration: str) -> int:
         """Slots this node holds or is assumed to hold through the CL plugin."""
-        held = self._cl_held.get(configuration, 0)
-        if not self.assumed:
-            return held
-        resource = RESOURCE_PREFIX + configuration
-        return held + sum(len(slots.get(resource, ())) for slots in self.assumed.values())
+        return self._cl_held.get(configuration, 0) + self._cl_assumed.get(configuration, 0)
+
+    def _count(self, resource: str, key: str, step: int) -> None:
+        """Keep the counts as ``key`` is taken (step -1) or given back (+1)."""
+        state = self.instances.get(instance_of_slot(key))
+        if state is not None and key in self._free[state.name]:
+            before = self._free_count[state.name]
+            self._free_count[state.name] = before + step
+            if (before == 0) != (before + step == 0):
+                self._with_free[state.configuration] += step
+        if self.is_configuration(resource):
+            configuration = short_name(resource)
+            self._cl_assumed[configuration] = self._cl_assumed.get(configuration, 0) - step
 
     def assume(self, uid: str, resource: str, keys: list[str], at: int = 0) -> None:
         """Count ``keys`` as taken by pod ``uid``; replaces what it held for ``resource``."""
         self.forget(uid, [resource])
-        mine = [k for k in keys if k not in self._taken and k not in self._elsewhere]
+        mine = [k for k in dict.fromkeys(keys) if k not in self._taken and k not in self._elsewhere]
         for key in mine:
             self._taken[key] = uid
+            self._count(resource, key, -1)
         self.assumed.setdefault(uid, {})[resource] = mine
         self.at.setdefault(uid, at)
 
@@ -172,6 +192,7 @@ class AkriSlots:
             for key in slots.pop(resource, []):
                 if self._taken.get(key) == uid:
                     del self._taken[key]
+                    self._count(resource, key, +1)
         if not slots:
             self.assumed.pop(uid, None)
             self.at.pop(uid, None)
@@ -214,3 +235,13 @@ class AkriSlots:
                     assert key not in seen, f"slot {key} assumed by {seen.get(key)} and {uid}"
                     seen[key] = uid
         assert seen == self._taken, "assumed slots and the taken index disagree"
+        for name in self._free:
+            assert self._free_count[name] == len(self.free(name)), f"free count of {name}"
+        for config, states in self._by_config.items():
+            with_free = sum(1 for s in states if self.free(s.name))
+            assert self._with_free[config] == with_free, f"instances with a free slot, {config}"
+        for config in self.configurations:
+            assumed = sum(
+                len(slots.get(RESOURCE_PREFIX + config, ())) for slots in self.assumed.values()
+            )
+            assert self._cl_assumed.get(config, 0) == assumed, f"CL slots assumed, {config}"

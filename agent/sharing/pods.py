@@ -65,7 +65,18 @@ class PodView(dict):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._parsed: dict[str, dict[str, int] | PolicyError] = {}
+        self._parsed: dict[Any, Any] = {}
+
+
+def memo(pod: Pod, key: Any, compute: Any) -> Any:
+    """``compute()``, kept on a PodView under ``key`` (a policy's reading of the pod, the
+    same on every node); computed each time for a plain dict."""
+    if not isinstance(pod, PodView):
+        return compute()
+    found = pod._parsed.get(key)
+    if found is None:
+        found = pod._parsed[key] = compute()
+    return found
 
 
 def requests_of(pod: Pod, prefix: str = "") -> dict[str, int]:
