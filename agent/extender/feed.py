@@ -124,7 +124,7 @@ class FeedThread:
         cache: CacheFeed,
         kube: KubeFeed | None,
         *,
-        interval: float = 0.25,
+        interval: float = 0.5,
         kube_interval: float = 5.0,
     ) -> None:
         self.cache = cache

@@ -31,7 +31,7 @@ class ExtenderService:
     policies: list[str] | None = None
     pack: bool | None = None
     assume_seconds: float | None = None
-    feed_interval: float = 0.25
+    feed_interval: float = 0.5
     kube_interval: float = 5.0
     record: bool = True
     url: str = field(init=False, default="")

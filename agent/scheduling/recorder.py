@@ -40,6 +40,7 @@ def verdict_fields(
 
 
 _DECISION = "_decision"
+COALESCE_SECONDS = 0.5
 
 
 def _expanded(fields: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +99,9 @@ class VerdictRecorder:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait()
+            # A pod is filtered again and again while it waits: gather a moment's worth,
+            # so each pod's latest verdict is written once.
+            self._stop.wait(COALESCE_SECONDS)
             self._wake.clear()
             self.flush()
 
