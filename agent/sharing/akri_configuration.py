@@ -18,45 +18,17 @@ from __future__ import annotations
 import time
 
 from agent.domain.slots import InstanceState
-from agent.sharing.akri_slots import AkriSlots, akri_requests, short_name
-from agent.sharing.pods import memo, uid_of
-from agent.sharing.policy import OK, Code, NodeInventory, Pod, PolicyError, SharingPolicy, Verdict
+from agent.sharing.akri_slots import AkriSlotPolicy, short_name
+from agent.sharing.pods import uid_of
+from agent.sharing.policy import OK, Code, Pod, PolicyError, Verdict
 
 
-class AkriConfigurationPolicy(SharingPolicy):
+class AkriConfigurationPolicy(AkriSlotPolicy):
     name = "akri-configuration"
+    configuration_level = True
 
-    def __init__(self, inventory: NodeInventory) -> None:
-        super().__init__(inventory)
-        self.slots = AkriSlots.of(inventory)
-
-    def _wanted(self, pod: Pod) -> dict[str, int]:
-        configurations = self.slots.configurations
-        return memo(
-            pod,
-            ("akri-configuration", id(configurations)),
-            lambda: {r: n for r, n in akri_requests(pod).items() if self.slots.is_configuration(r)},
-        )
-
-    def add_resource(self, pod: Pod) -> None:
-        self.slots.add_pod(pod, want_configuration=True)
-
-    def sub_resource(self, pod: Pod) -> None:
-        self.slots.drop_pod(pod, want_configuration=True)
-
-    def has_device_request(self, pod: Pod) -> bool:
-        return bool(self._wanted(pod))
-
-    def filter_node(self, pod: Pod) -> Verdict:
-        try:
-            wanted = self._wanted(pod)
-        except PolicyError as exc:
-            return Code.ERROR, str(exc)
-        for resource, count in sorted(wanted.items()):
-            verdict, _ = self._plan(short_name(resource), count, choose=False)
-            if verdict[0] is not Code.SUCCESS:
-                return verdict
-        return OK
+    def _fits(self, name: str, count: int) -> Verdict:
+        return self._plan(name, count, choose=False)[0]
 
     def _plan(
         self, configuration: str, count: int, choose: bool = True
@@ -126,9 +98,6 @@ class AkriConfigurationPolicy(SharingPolicy):
         for resource, keys in plans.items():
             self.slots.assume(uid, resource, keys, at)
         return self.slots.annotations_for(uid)
-
-    def release(self, pod: Pod) -> None:
-        self.slots.drop_pod(pod, want_configuration=True)
 
     def free_fraction(self, pod: Pod) -> float | None:
         usable = [s for r in self._wanted(pod) for s in self.slots.usable(short_name(r))]

@@ -10,40 +10,14 @@ from __future__ import annotations
 
 import time
 
-from agent.sharing.akri_slots import AkriSlots, akri_requests, short_name
+from agent.sharing.akri_slots import AkriSlotPolicy, short_name
 from agent.sharing.pods import uid_of
-from agent.sharing.policy import OK, Code, NodeInventory, Pod, PolicyError, SharingPolicy, Verdict
+from agent.sharing.policy import OK, Code, Pod, PolicyError, Verdict
 
 
-class AkriInstancePolicy(SharingPolicy):
+class AkriInstancePolicy(AkriSlotPolicy):
     name = "akri-instance"
-
-    def __init__(self, inventory: NodeInventory) -> None:
-        super().__init__(inventory)
-        self.slots = AkriSlots.of(inventory)
-
-    def _wanted(self, pod: Pod) -> dict[str, int]:
-        return {r: n for r, n in akri_requests(pod).items() if not self.slots.is_configuration(r)}
-
-    def add_resource(self, pod: Pod) -> None:
-        self.slots.add_pod(pod, want_configuration=False)
-
-    def sub_resource(self, pod: Pod) -> None:
-        self.slots.drop_pod(pod, want_configuration=False)
-
-    def has_device_request(self, pod: Pod) -> bool:
-        return bool(self._wanted(pod))
-
-    def filter_node(self, pod: Pod) -> Verdict:
-        try:
-            wanted = self._wanted(pod)
-        except PolicyError as exc:
-            return Code.ERROR, str(exc)
-        for resource, count in sorted(wanted.items()):
-            verdict = self._fits(short_name(resource), count)
-            if verdict[0] is not Code.SUCCESS:
-                return verdict
-        return OK
+    configuration_level = False
 
     def _fits(self, instance: str, count: int) -> Verdict:
         state = self.slots.instances.get(instance)
@@ -70,9 +44,6 @@ class AkriInstancePolicy(SharingPolicy):
             keys = self.slots.free(short_name(resource))[:count]
             self.slots.assume(uid, resource, keys, at)
         return self.slots.annotations_for(uid)
-
-    def release(self, pod: Pod) -> None:
-        self.slots.drop_pod(pod, want_configuration=False)
 
     def free_fraction(self, pod: Pod) -> float | None:
         instances = [self.slots.instances.get(short_name(r)) for r in self._wanted(pod)]

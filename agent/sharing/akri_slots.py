@@ -18,12 +18,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from agent.domain.naming import AKRI_PREFIX
 from agent.domain.slots import InstanceState, UsageKind
-from agent.sharing.pods import annotations_of, requests_of, uid_of
-from agent.sharing.policy import NodeInventory, Pod, PolicyError
+from agent.sharing.pods import annotations_of, memo, requests_of, uid_of
+from agent.sharing.policy import (
+    OK,
+    Code,
+    NodeInventory,
+    Pod,
+    PolicyError,
+    SharingPolicy,
+    Verdict,
+)
 
 ASSIGNMENT = "akri.sh/assignment"
 CONSUMED = "akri.sh/assignment-consumed"
@@ -127,10 +135,7 @@ class AkriSlots:
     @classmethod
     def of(cls, inventory: NodeInventory) -> AkriSlots:
         """The node's one shared book (both Akri policies of a node get the same object)."""
-        book = inventory.shared.get(SHARED_KEY)
-        if book is None:
-            book = inventory.shared[SHARED_KEY] = cls(inventory)
-        return book
+        return inventory.shared_book(SHARED_KEY, cls)
 
     def _count_cl_held(self, states: Iterable[InstanceState]) -> dict[str, int]:
         held: dict[str, int] = {}
@@ -245,3 +250,53 @@ class AkriSlots:
                 len(slots.get(RESOURCE_PREFIX + config, ())) for slots in self.assumed.values()
             )
             assert self._cl_assumed.get(config, 0) == assumed, f"CL slots assumed, {config}"
+
+
+class AkriSlotPolicy(SharingPolicy):
+    """What the two Akri policies share: the node's slot book, and which of a pod's
+    ``akri.sh/*`` requests are theirs (Configuration-level names or the others)."""
+
+    configuration_level: ClassVar[bool] = False
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        super().__init__(inventory)
+        self.slots = AkriSlots.of(inventory)
+
+    def _wanted(self, pod: Pod) -> dict[str, int]:
+        mine = self.configuration_level
+        return memo(
+            pod,
+            (self.name, id(self.slots.configurations)),
+            lambda: {
+                r: n
+                for r, n in akri_requests(pod).items()
+                if self.slots.is_configuration(r) == mine
+            },
+        )
+
+    def add_resource(self, pod: Pod) -> None:
+        self.slots.add_pod(pod, want_configuration=self.configuration_level)
+
+    def sub_resource(self, pod: Pod) -> None:
+        self.slots.drop_pod(pod, want_configuration=self.configuration_level)
+
+    def release(self, pod: Pod) -> None:
+        self.slots.drop_pod(pod, want_configuration=self.configuration_level)
+
+    def has_device_request(self, pod: Pod) -> bool:
+        return bool(self._wanted(pod))
+
+    def filter_node(self, pod: Pod) -> Verdict:
+        try:
+            wanted = self._wanted(pod)
+        except PolicyError as exc:
+            return Code.ERROR, str(exc)
+        for resource, count in sorted(wanted.items()):
+            verdict = self._fits(short_name(resource), count)
+            if verdict[0] is not Code.SUCCESS:
+                return verdict
+        return OK
+
+    def _fits(self, name: str, count: int) -> Verdict:
+        """Whether ``count`` of the resource named ``name`` fit this node now."""
+        raise NotImplementedError

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from agent.sharing.pods import annotations_of, is_finished, quantity, requests_of, uid_of
-from agent.sharing.policy import NodeInventory, Pod, PolicyError
+from agent.sharing.policy import NodeInventory, Pod, PolicyError, SharingPolicy
 
 GPU_MEMORY = "volcano.sh/gpu-memory"
 GPU_NUMBER = "volcano.sh/gpu-number"
@@ -67,10 +67,7 @@ class GpuCards:
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> GpuCards:
-        book = inventory.shared.get(SHARED_KEY)
-        if book is None:
-            book = inventory.shared[SHARED_KEY] = cls(inventory)
-        return book
+        return inventory.shared_book(SHARED_KEY, cls)
 
     @staticmethod
     def _unhealthy(node: Mapping[str, Any]) -> list[int]:
@@ -122,3 +119,31 @@ class GpuCards:
             f"{len(self.cards)} cards of {self.memory_per_card} memory, {used} in use, "
             f"{idle} memory idle"
         )
+
+
+class GpuPolicy(SharingPolicy):
+    """What ``gpushare`` and ``gpu-number`` share: the node's cards, and which of the two
+    requests (memory: index 0, number: 1 of ``gpu_requests``) is theirs."""
+
+    request: ClassVar[int] = 0
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        super().__init__(inventory)
+        self.gpus = GpuCards.of(inventory)
+
+    def _asked(self, pod: Pod) -> int:
+        return gpu_requests(pod)[self.request]
+
+    def add_resource(self, pod: Pod) -> None:
+        if self._asked(pod) > 0:
+            self.gpus.add(pod)
+
+    def sub_resource(self, pod: Pod) -> None:
+        if self._asked(pod) > 0:
+            self.gpus.remove(pod)
+
+    def has_device_request(self, pod: Pod) -> bool:
+        return self._asked(pod) > 0
+
+    def release(self, pod: Pod) -> None:
+        self.gpus.remove(pod)

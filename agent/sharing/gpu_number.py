@@ -7,27 +7,13 @@ fewer healthy cards than requested; Unschedulable when enough exist but are in u
 
 from __future__ import annotations
 
-from agent.sharing.gpu_cards import GPU_NUMBER, GpuCards, gpu_requests
-from agent.sharing.policy import OK, Code, NodeInventory, Pod, PolicyError, SharingPolicy, Verdict
+from agent.sharing.gpu_cards import GPU_NUMBER, GpuPolicy, gpu_requests
+from agent.sharing.policy import OK, Code, Pod, PolicyError, Verdict
 
 
-class GpuNumberPolicy(SharingPolicy):
+class GpuNumberPolicy(GpuPolicy):
     name = "gpu-number"
-
-    def __init__(self, inventory: NodeInventory) -> None:
-        super().__init__(inventory)
-        self.gpus = GpuCards.of(inventory)
-
-    def add_resource(self, pod: Pod) -> None:
-        if gpu_requests(pod)[1] > 0:
-            self.gpus.add(pod)
-
-    def sub_resource(self, pod: Pod) -> None:
-        if gpu_requests(pod)[1] > 0:
-            self.gpus.remove(pod)
-
-    def has_device_request(self, pod: Pod) -> bool:
-        return gpu_requests(pod)[1] > 0
+    request = 1
 
     def _fit(self, number: int) -> Verdict:
         if len(self.gpus.cards) < number:
@@ -56,9 +42,6 @@ class GpuNumberPolicy(SharingPolicy):
         if verdict[0] is not Code.SUCCESS:
             raise PolicyError(verdict[1])
         return self.gpus.book(pod, self.gpus.idle_cards()[:number])
-
-    def release(self, pod: Pod) -> None:
-        self.gpus.remove(pod)
 
     def free_fraction(self, pod: Pod) -> float | None:
         cards = len(self.gpus.cards)

@@ -9,27 +9,13 @@ Unresolvable when the node has no card at all or cards smaller than the request.
 
 from __future__ import annotations
 
-from agent.sharing.gpu_cards import GPU_MEMORY, GpuCards, gpu_requests
-from agent.sharing.policy import OK, Code, NodeInventory, Pod, PolicyError, SharingPolicy, Verdict
+from agent.sharing.gpu_cards import GPU_MEMORY, GpuPolicy, gpu_requests
+from agent.sharing.policy import OK, Code, Pod, PolicyError, Verdict
 
 
-class GpuSharePolicy(SharingPolicy):
+class GpuSharePolicy(GpuPolicy):
     name = "gpushare"
-
-    def __init__(self, inventory: NodeInventory) -> None:
-        super().__init__(inventory)
-        self.gpus = GpuCards.of(inventory)
-
-    def add_resource(self, pod: Pod) -> None:
-        if gpu_requests(pod)[0] > 0:
-            self.gpus.add(pod)
-
-    def sub_resource(self, pod: Pod) -> None:
-        if gpu_requests(pod)[0] > 0:
-            self.gpus.remove(pod)
-
-    def has_device_request(self, pod: Pod) -> bool:
-        return gpu_requests(pod)[0] > 0
+    request = 0
 
     def _best_card(self, memory: int) -> tuple[Verdict, int | None]:
         if not self.gpus.cards:
@@ -63,9 +49,6 @@ class GpuSharePolicy(SharingPolicy):
         if card is None:
             raise PolicyError(verdict[1])
         return self.gpus.book(pod, [card])
-
-    def release(self, pod: Pod) -> None:
-        self.gpus.remove(pod)
 
     def free_fraction(self, pod: Pod) -> float | None:
         total = self.gpus.memory_per_card * len(self.gpus.cards)

@@ -71,6 +71,13 @@ class NodeInventory:
     # here too (the Instance is one device, whichever node's pod gets it).
     reserved: frozenset[str] = frozenset()
 
+    def shared_book(self, key: str, build: Any) -> Any:
+        """The one ``build(self)`` object the node's policies keyed ``key`` share."""
+        book = self.shared.get(key)
+        if book is None:
+            book = self.shared[key] = build(self)
+        return book
+
 
 class SharingPolicy(ABC):
     """One node's books for one kind of device. Not thread-safe: the caller serializes."""
