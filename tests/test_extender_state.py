@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from agent.extender.state import SchedulerState
+from agent.sharing.akri_slots import CONSUMED
 from agent.sharing.registry import enabled
 from tests.sharing_world import configs, instance, pod
 
@@ -84,17 +87,36 @@ def test_a_failed_binding_gives_the_slots_back_on_every_node():
     assert state.filter(pod({"akri.sh/cam": 1}), ["n1", "n2"]).fits == ["n1", "n2"]
 
 
-def test_a_bound_pod_in_the_feed_replaces_the_assumption_and_keeps_its_slots():
-    state = state_with([instance("cam-000001", ("n1", "n2"), 1, configuration="cam")])
+def test_a_pod_the_feed_shows_consumed_keeps_its_slot_until_the_claim_shows():
+    # The agent marks the assignment consumed just before it claims: a relist in between
+    # must not make the slot look free.
+    shared = instance("cam-000001", ("n1", "n2"), 1, configuration="cam")
+    state = state_with([shared])
     bound = pod({"akri.sh/cam": 1})
     annotations = state.allocate(bound, "n1")
-    bound["metadata"]["annotations"] = annotations
+    consumed = {**annotations, CONSUMED: json.dumps({"akri.sh/cam": 1})}
+    bound["metadata"]["annotations"] = consumed
     bound["spec"]["nodeName"] = "n1"
 
     state.set_pods([bound])
 
+    assert state.filter(pod({"akri.sh/cam": 1}), ["n1", "n2"]).fits == []
+    claimed = instance("cam-000001", ("n1", "n2"), 1, {0: "C:cam-0:n1"}, "cam")
+    state.set_inventory([claimed], CAM)
     assert state.assumptions == {}
     assert state.filter(pod({"akri.sh/cam": 1}), ["n1", "n2"]).fits == []
+
+
+def test_a_pod_in_the_feed_and_in_the_assumptions_counts_once():
+    state = state_with([instance("cam-000001", ("n1",), 2, configuration="cam")])
+    bound = pod({"akri.sh/cam-000001": 1})
+    bound["metadata"]["annotations"] = state.allocate(bound, "n1")
+    bound["spec"]["nodeName"] = "n1"
+
+    state.set_pods([bound])
+
+    assert state.filter(pod({"akri.sh/cam-000001": 1}), ["n1"]).fits == ["n1"]
+    assert state.filter(pod({"akri.sh/cam-000001": 2}), ["n1"]).fits == []
 
 
 def test_a_pod_we_cannot_read_is_an_error_not_an_exception():

@@ -2,18 +2,21 @@
 plus what the extender itself assigned moments ago and nobody has confirmed yet.
 
 Sources, newest first:
-- assumptions: a pod this extender bound is counted on its node at once (``allocate``), so two
-  pods scheduled back to back never both get the last slot. An assumption ends when the agent's
-  claim shows in the cache (every assigned slot held by that node), when the pod feed shows
-  the pod bound there (its annotations then speak for it), or after ``assume_seconds``;
+- assumptions: a pod this extender bound is counted at once (``allocate``), on its node and, for
+  slots of shared Instances, on every node that sees them, so two pods scheduled back to back
+  never both get the last slot. An assumption ends when the agent's claim shows in the cache
+  (every assigned slot held by that node) or after ``assume_seconds``. Not when the pod feed
+  shows the pod: the agent marks an assignment consumed just before it claims, and a relist
+  in that window must not make the slot look free;
 - bound pods from the pod feed (their device annotations: Volcano's gpu-index, our
-  assignment);
+  assignment), which is how a restarted extender relearns what is in flight; a pod that is
+  also an assumption counts once (the books are keyed by pod uid);
 - the inventory: Instances and Configurations from the controller's ORM cache, Node objects
   from the node feed or from the scheduler's own request.
 
-A node's policies are built on first use and kept until one of their inputs changes; inputs
-are compared by identity (the feed reuses unchanged objects), so a filter over thousands of
-nodes does no rebuilding. One lock serializes everything: policies are not thread-safe, and
+A node's policies are built on first use and dropped when one of their inputs changes (found
+once per change, Instances compared by identity: the feed reuses unchanged objects), so a
+filter over thousands of nodes only reads. One lock serializes everything: policies are not thread-safe, and
 the work under it is short (no I/O).
 """
 
@@ -151,9 +154,9 @@ class SchedulerState:
             for node in set(old) | set(by_node):
                 if old.get(node) != self._pods_by_node.get(node):
                     self._books.pop(node, None)
-            for uid, assumption in list(self.assumptions.items()):
-                if nodes.get(uid) == assumption.node:
-                    self._forget(uid)
+            # Assumptions stay until the claim shows in the cache: the agent marks an
+            # assignment consumed just before it claims, and a relist in between must not
+            # make the slot look free.
             self._owners_changed()
 
     # --- books ------------------------------------------------------------------------------
