@@ -152,18 +152,18 @@ def cl_plan(
     """(vdev, instance, slot key) from an assignment, or None when it cannot be used as it is:
     wrong size, a slot not free or of an Instance this node cannot use, or (unique) two slots
     on one Instance. The caller then plans as usual."""
-    if taken is None or len(taken.keys) != len(vdevs):
+    if taken is None:
         return None
-    if set(vdevs) & set(held_vdevs(states, node, configuration)):
-        return None  # the kubelet re-asks for devices it has: they keep their slots
-    usable = {s.name: s for s in usable_instances(states, node, configuration)}
+    why = _unusable(taken, states, node, vdevs, unique, configuration)
+    if why:
+        log.info(
+            "pod %s/%s: assignment not used (%s); planning as usual",
+            taken.namespace,
+            taken.pod,
+            why,
+        )
+        return None
     instances = [instance_of_slot(key) for key in taken.keys]
-    if unique and len(set(instances)) != len(instances):
-        return None
-    for instance, key in zip(instances, taken.keys, strict=True):
-        state = usable.get(instance)
-        if state is None or key not in state.free_slots():
-            return None
     return [
         (vdev, instance, key)
         for vdev, instance, key in zip(vdevs, instances, taken.keys, strict=True)
@@ -182,6 +182,32 @@ def il_preferred(
     if taken is not None and set(taken.keys) <= set(available):
         return list(taken.keys)
     return preferred_allocation(available, must, size)
+
+
+def _unusable(
+    taken: Taken,
+    states: Sequence[InstanceState],
+    node: str,
+    vdevs: Sequence[str],
+    unique: bool,
+    configuration: str,
+) -> str:
+    """Why ``taken`` cannot serve this request as it is; "" when it can."""
+    if len(taken.keys) != len(vdevs):
+        return f"{len(taken.keys)} slots assigned, {len(vdevs)} requested"
+    if set(vdevs) & set(held_vdevs(states, node, configuration)):
+        return "the kubelet re-asks for devices it holds"
+    usable = {s.name: s for s in usable_instances(states, node, configuration)}
+    instances = [instance_of_slot(key) for key in taken.keys]
+    if unique and len(set(instances)) != len(instances):
+        return "two slots on one Instance for unique devices"
+    for instance, key in zip(instances, taken.keys, strict=True):
+        state = usable.get(instance)
+        if state is None:
+            return f"Instance {instance} is not usable here"
+        if key not in state.free_slots():
+            return f"slot {key} is no longer free"
+    return ""
 
 
 class NoAssignments:
