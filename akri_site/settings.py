@@ -166,9 +166,7 @@ AKRI = {
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
     # --- scheduler extender (issue 14) ---
     # Sharing policies the extender enables, by entry-point name (agent.sharing.registry).
-    "SHARING_POLICIES": env.words(
-        "AKRI_SHARING_POLICIES", ["akri-instance", "akri-configuration"]
-    ),
+    "SHARING_POLICIES": env.words("AKRI_SHARING_POLICIES", ["akri-instance", "akri-configuration"]),
     # prioritize: "spread" favours nodes with more free devices, "pack" the fullest.
     "EXTENDER_PRIORITY": env.choice("AKRI_EXTENDER_PRIORITY", "spread", ("spread", "pack")),
     # Seconds a bind-time assignment counts as taken before the agent's claim shows.

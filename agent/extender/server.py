@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -45,7 +46,10 @@ class Extender:
         self.binder = binder
         self.recorder = recorder
         self.pack = pack
+        # Pods of recent filters by uid, so that bind need not read the pod back; filter
+        # runs on the loop and bind in a thread, hence the lock.
         self._pods: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._pods_lock = threading.Lock()
 
     # --- filter -----------------------------------------------------------------------------
     def filter(self, body: Any) -> dict[str, Any]:
@@ -80,10 +84,11 @@ class Extender:
     def _remember(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
         if isinstance(uid, str) and uid:
-            self._pods[uid] = pod
-            self._pods.move_to_end(uid)
-            while len(self._pods) > REMEMBERED_PODS:
-                self._pods.popitem(last=False)
+            with self._pods_lock:
+                self._pods[uid] = pod
+                self._pods.move_to_end(uid)
+                while len(self._pods) > REMEMBERED_PODS:
+                    self._pods.popitem(last=False)
 
     # --- prioritize -------------------------------------------------------------------------
     def prioritize(self, body: Any) -> list[dict[str, Any]]:
@@ -113,7 +118,8 @@ class Extender:
         return protocol.binding_result()
 
     def _pod(self, args: protocol.BindingArgs) -> dict[str, Any]:
-        pod = self._pods.get(args.pod_uid)
+        with self._pods_lock:
+            pod = self._pods.get(args.pod_uid)
         if pod is None:
             pod = self.binder.get_pod(args.pod_namespace, args.pod_name)
         return pod
@@ -135,7 +141,8 @@ class Extender:
                 except BindError as exc:
                     log.warning("%s (left for the assignment timeout)", exc)
             raise
-        self._pods.pop(args.pod_uid, None)
+        with self._pods_lock:
+            self._pods.pop(args.pod_uid, None)
         if self.recorder is not None:
             self.recorder.record(
                 args.pod_namespace, args.pod_name, args.pod_uid, {"bound_to": args.node}
