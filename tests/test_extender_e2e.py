@@ -19,7 +19,8 @@ from agent.discovery.debugecho import DebugEchoHandler
 from agent.extender.service import ExtenderService
 from agent.scheduling.models import PodVerdict
 from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
-from agent.simulator.scheduler import MiniScheduler
+from agent.simulator.scheduler import MiniScheduler, pod_body
+from tests.sharing_world import assigned
 from tests.test_agent_lifecycle import AgentCluster, configuration_body
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
@@ -120,3 +121,38 @@ def test_without_an_assignment_the_agent_allocates_as_before(kube, world):
         if v.endswith(":node-a")
     ]
     assert len(held) == 2
+
+
+def test_an_instance_level_pod_gets_the_slot_its_assignment_names(kube, world):
+    cluster, service, scheduler = world
+    cluster.api.create_configuration(configuration_body("pair", ("p0",), capacity=2, unique=True))
+    name = kube.wait_for(
+        lambda: next(
+            (
+                n
+                for n, o in cluster.instances().items()
+                if o["spec"]["configurationName"] == "pair" and "node-a" in o["spec"]["nodes"]
+            ),
+            None,
+        ),
+        timeout=10,
+    )
+    resource = f"akri.sh/{name}"
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(resource, lambda d: len(d) == 2, timeout=10)
+    # The extender chose slot 1; left alone, the kubelet would pick slot 0.
+    core = client.CoreV1Api(kube.api_client)
+    body = pod_body("il-pod", {resource: 1})
+    body["metadata"]["annotations"] = assigned("node-a", {resource: [f"{name}-1"]})
+    body["spec"]["nodeName"] = "node-a"
+    core.create_namespaced_pod(kube.namespace, body)
+    created = json.loads(
+        core.read_namespaced_pod("il-pod", kube.namespace, _preload_content=False).data
+    )
+
+    assert scheduler.admit(created, "node-a") == (True, "")
+
+    usage = cluster.usage(name)
+    assert usage == {f"{name}-0": "", f"{name}-1": "node-a"}
+    stored = core.read_namespaced_pod("il-pod", kube.namespace)
+    assert json.loads(stored.metadata.annotations[CONSUMED]) == {resource: 1}
