@@ -32,6 +32,12 @@ def nodes(kube) -> tuple[str, str, str]:
     return tuple(f"{kube.namespace}-n{i}" for i in (1, 2, 3))
 
 
+def cam(kube, node: str, i: int) -> str:
+    """An Instance name of this test: slot keys carry no namespace, and a real API server keeps
+    other runs' pods, whose fresh assignments name slots of Instances called the same."""
+    return f"cam-{kube.namespace[2:]}{node}{i}"
+
+
 @pytest.fixture
 def world(kube):
     """Three nodes: n1 sees three cameras, n2 sees three with one busy, n3 sees two."""
@@ -39,12 +45,12 @@ def world(kube):
     n1, n2, n3 = nodes(kube)
     put_configuration(ns, CAM, capacity=1, unique=True)
     for i in range(3):
-        put_instance(ns, f"cam-a0000{i}", [n1])
-    put_instance(ns, "cam-b00000", [n2], usage={"cam-b00000-0": f"C:cam-0:{n2}"})
-    put_instance(ns, "cam-b00001", [n2])
-    put_instance(ns, "cam-b00002", [n2])
-    put_instance(ns, "cam-c00000", [n3])
-    put_instance(ns, "cam-c00001", [n3])
+        put_instance(ns, cam(kube, "a", i), [n1])
+    put_instance(ns, cam(kube, "b", 0), [n2], usage={f"{cam(kube, 'b', 0)}-0": f"C:cam-0:{n2}"})
+    put_instance(ns, cam(kube, "b", 1), [n2])
+    put_instance(ns, cam(kube, "b", 2), [n2])
+    put_instance(ns, cam(kube, "c", 0), [n3])
+    put_instance(ns, cam(kube, "c", 1), [n3])
     service = ExtenderService(
         kube.new_client(),
         namespace=ns,
@@ -171,9 +177,9 @@ def test_bind_writes_the_assignment_then_the_binding_and_books_the_slots(kube, w
     assignment = json.loads(stored.metadata.annotations[ASSIGNMENT])
     assert assignment["node"] == n1
     assert sorted(assignment["slots"]["akri.sh/cam"]) == [
-        "cam-a00000-0",
-        "cam-a00001-0",
-        "cam-a00002-0",
+        f"{cam(kube, 'a', 0)}-0",
+        f"{cam(kube, 'a', 1)}-0",
+        f"{cam(kube, 'a', 2)}-0",
     ]
     # Until the agent claims them, the slots are taken for the next pod.
     again = created_pod(kube, {"akri.sh/cam": 1}, "next")
