@@ -242,3 +242,25 @@ def test_a_request_that_never_ends_does_not_hang_the_next_one(kube, world):
         asking = created_pod(kube, {"akri.sh/cam": 1}, "meanwhile")
         status, result = post(world.url + "/filter", filter_args(asking, [n1]), timeout=5)
     assert status == 200 and result["NodeNames"] == [n1]
+
+
+def test_a_retried_bind_of_a_pod_already_bound_there_succeeds(kube, world):
+    n1, n2, n3 = nodes(kube)
+    asking = created_pod(kube, {"akri.sh/cam": 1}, "twice")
+    meta = asking["metadata"]
+    bind = {
+        "PodName": "twice",
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": n1,
+    }
+    assert post(world.url + "/bind", bind) == (200, {"Error": ""})
+
+    status, result = post(world.url + "/bind", bind)
+    elsewhere = post(world.url + "/bind", {**bind, "Node": n2})[1]
+
+    assert (status, result) == (200, {"Error": ""})
+    stored = client.CoreV1Api(kube.api_client).read_namespaced_pod("twice", kube.namespace)
+    assert stored.spec.node_name == n1
+    assert ASSIGNMENT in stored.metadata.annotations
+    assert elsewhere["Error"]

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from agent.extender import protocol
-from agent.extender.binder import Binder, BindError
+from agent.extender.binder import AlreadyBound, Binder, BindError
 from agent.extender.state import SchedulerState
 from agent.scheduling.recorder import VerdictRecorder
 from agent.sharing.policy import PolicyError
@@ -129,13 +129,20 @@ class Extender:
             annotations = self.state.allocate(pod, args.node)
         except PolicyError as exc:
             raise PolicyError(f"pod no longer fits node {args.node}: {exc}") from None
+        written = False
         try:
             if annotations:
-                self.binder.annotate(args.pod_namespace, args.pod_name, annotations)
+                self.binder.annotate(pod, annotations)
+                written = True
             self.binder.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+        except AlreadyBound as exc:
+            # What the pod carries is what counts now, not what this call booked.
+            self.state.adopt(exc.pod, exc.node)
+            if exc.node != args.node:
+                raise
         except BindError:
             self.state.release(pod, args.node)
-            if annotations:
+            if written:
                 try:
                     self.binder.unannotate(args.pod_namespace, args.pod_name, annotations)
                 except BindError as exc:

@@ -288,6 +288,18 @@ class SchedulerState:
                 self._owners_changed()
             return annotations
 
+    def adopt(self, pod: Pod, node: str) -> None:
+        """Count a pod bound to ``node`` as its annotations say (a retried or foreign bind),
+        replacing what ``allocate`` booked for it."""
+        with self.lock:
+            self._books.pop(node, None)
+            self._forget(uid_of(pod))
+            self.assumptions[uid_of(pod)] = Assumption(
+                dict(pod), node, self.clock() + self.assume_seconds
+            )
+            self._books.pop(node, None)
+            self._owners_changed()
+
     def release(self, pod: Pod, node: str) -> None:
         """Undo ``allocate`` (the binding failed)."""
         with self.lock:
