@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "agent",
+    "agent.scheduling",
     "akri_site.dashboard",
 ]
 
@@ -262,6 +263,16 @@ AKRI = {
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
     # An open websocket checks its session and role again this often (and on every frame).
     "WS_RECHECK_SECONDS": env.number("AKRI_WS_RECHECK_SECONDS", 15.0, minimum=0.05),
+    # --- scheduler extender (issue 14) ---
+    # Sharing policies the extender enables, by entry-point name (agent.sharing.registry).
+    "SHARING_POLICIES": env.words("AKRI_SHARING_POLICIES", ["akri-instance", "akri-configuration"]),
+    # prioritize: "spread" favours nodes with more free devices, "pack" the fullest.
+    "EXTENDER_PRIORITY": env.choice("AKRI_EXTENDER_PRIORITY", "spread", ("spread", "pack")),
+    # Seconds a bind-time assignment counts as taken before the agent's claim shows.
+    "ASSIGNMENT_TIMEOUT_SECONDS": env.number("AKRI_ASSIGNMENT_TIMEOUT", 30.0, minimum=1),
+    # The agent looks up the extender's assignment of the pod it allocates for (one pod
+    # list per Allocate); off when no extender assigns.
+    "AGENT_ASSIGNMENTS": env.boolean("AKRI_AGENT_ASSIGNMENTS", False),
 }
 
 # --- deployment (deploy/) ----------------------------------------------------------------------

@@ -37,6 +37,8 @@ KEYS = {
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
     "failover": {"p95_s", "dual_leader_writes"},
+    "extender-filter": {"p95_ms"},
+    "schedule-storm": {"admission_errors", "overbooked"},
 }
 
 
@@ -76,3 +78,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert figures["dropped"] == "0", last
     if name == "failover":
         assert figures["dual_leader_writes"] == "0", last
+    if name == "schedule-storm":
+        assert figures["admission_errors"] == "0" and figures["overbooked"] == "0", last

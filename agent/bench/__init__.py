@@ -71,6 +71,17 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_failover",
         "Lease leader killed -> the other candidate leading and its first write accepted",
     ),
+    # --- scheduler extender (issue 14) ---
+    "extender-filter": (
+        "agent.bench.extender",
+        "bench_extender_filter",
+        "one pod filtered over 5,000 nodes seeing 20,000 Instances, over HTTP",
+    ),
+    "schedule-storm": (
+        "agent.bench.extender",
+        "bench_schedule_storm",
+        "500 pods asking unique CL devices, room for 300: admission errors, overbooking",
+    ),
 }
 
 

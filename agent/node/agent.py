@@ -54,6 +54,7 @@ from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
 from agent.models import Configuration, Instance, SlotEvent
+from agent.node.assignments import assignments_for
 from agent.node.cl import ConfigurationPlugin
 from agent.node.discovery import (
     ConfigDiscovery,
@@ -168,6 +169,7 @@ class NodeAgent:
             self.api, f"agent:{node_name}", on_applied=self._claim_applied, sync=self.sync
         )
         self.view = ClusterView()
+        self.assignments = assignments_for(api_client, node_name)  # the extender's, issue 14
         self.loop = LoopThread(f"agent-{node_name}", blocking_workers)
         self.claim_pool = ThreadPoolExecutor(claim_workers, thread_name_prefix=f"claim-{node_name}")
         self.register_slots = asyncio.Semaphore(8)  # concurrent Register calls per agent

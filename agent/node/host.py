@@ -15,6 +15,7 @@ from typing import Protocol
 
 from agent.discovery.base import DiscoveredDevice
 from agent.kube.claims import ClaimStore
+from agent.node.assignments import Assignments, NoAssignments
 from agent.node.loop import LoopThread
 from agent.node.view import ClusterView
 
@@ -30,6 +31,7 @@ class PluginHost(Protocol):
     plugin_dir: str  # where the plugin sockets go
     kubelet_socket: str  # where Register goes
     register_slots: asyncio.Semaphore  # concurrent Register calls of this agent
+    assignments: Assignments | NoAssignments  # the scheduler extender's, when enabled
 
     def device_of(self, instance: str) -> DiscoveredDevice | None:
         """The device this node discovered behind ``instance``, if any."""

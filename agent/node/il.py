@@ -25,6 +25,7 @@ from agent.kube.claims import (
     UnknownSlot,
     WriteUnknown,
 )
+from agent.node.assignments import il_preferred
 from agent.node.host import PluginHost
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
@@ -59,8 +60,18 @@ class InstancePlugin(DevicePlugin):
 
     def options(self) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=False
+            pre_start_required=False,
+            get_preferred_allocation_available=self.agent.assignments.enabled,
         )
+
+    def preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        if not self.agent.assignments.enabled:
+            return super().preferred(request)  # not offered: UNIMPLEMENTED, as before
+        response = dp.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = il_preferred(self.agent.assignments, self.resource_name, container)
+            response.container_responses.add(deviceIDs=ids)
+        return response
 
     def devices(self) -> list[tuple[str, str]]:
         state = self.agent.view.state(self.instance)

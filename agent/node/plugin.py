@@ -339,7 +339,11 @@ class _Servicer(dp_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(self, request, context):
         try:
-            return self.plugin.preferred(request)
+            # In the blocking pool: a plugin may look its pod's assignment up in the API server.
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self.plugin.agent.loop.blocking, self.plugin.preferred, request
+            )
         except AllocateRefused as exc:
             await context.abort(exc.code, exc.message)
 
