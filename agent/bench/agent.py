@@ -361,7 +361,6 @@ def _sustained_rounds(rounds: int) -> tuple[_AllocateSamples, Churn]:
     """Allocate ms and floor-plugin Allocate ms, interleaved, back to back (nothing settled
     between calls), with ``Churn`` running; the slot reconciler on, as runagent runs."""
     with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], kubeconfig):
-        client.CoreV1Api(api.api_client).create_namespace({"metadata": {"name": api.namespace}})
         api.create_configuration(configuration(["foo0"], capacity=3))
         name = _instance(api)
         resource, key = f"akri.sh/{name}", f"{name}-0"
