@@ -229,6 +229,43 @@ def _agent_lifecycle(kube, rec, monkeypatch, body, work) -> None:
         cluster.stop()
 
 
+def agent_taking_an_assignment(kube, rec: Recorder, monkeypatch) -> None:
+    """AKRI_AGENT_ASSIGNMENTS: Allocate finds its pod by the extender's assignment (a pod list
+    on its node) and marks it consumed (a patch of that pod, in the workload's namespace)."""
+    from agent.extender.service import ExtenderService
+    from agent.sharing.akri_slots import CONSUMED
+    from agent.simulator.scheduler import MiniScheduler
+
+    monkeypatch.setitem(_settings().AKRI, "AGENT_ASSIGNMENTS", True)
+    work = kube.create_namespace()
+    cluster = AgentCluster(RecordingKube(kube, rec), nodes=("node-a",)).start()
+    # The extender's own calls are not the agent's: it gets the fixture's plain client.
+    service = ExtenderService(
+        kube.new_client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
+    )
+    try:
+        # A Configuration of its own: the earlier agent scenarios' objects may still be there.
+        config = "cams-assigned"
+        cluster.api.create_configuration(configuration_body(config, ("foo0",)))
+        instance = f"{config}-{FOO0.rpartition('-')[2]}"  # the Instance of foo0 on node-a
+        resource = f"akri.sh/{instance}"
+        kubelet = cluster["node-a"].kubelet
+        kubelet.wait_devices(resource, lambda d: len(healthy(d)) == 2, timeout=10)
+        service.start()
+        core = client.CoreV1Api(kube.api_client)
+        scheduler = MiniScheduler(core, work, service.url, {"node-a": kubelet})
+        kube.wait_for(lambda: instance in service.state._instances, timeout=10, message="booked")
+        outcome = scheduler.schedule(scheduler.create("assigned", {resource: 1}))
+        assert (outcome.node, outcome.admitted, outcome.error) == ("node-a", True, "")
+        pod = core.read_namespaced_pod("assigned", work)
+        assert CONSUMED in (pod.metadata.annotations or {})
+        core.delete_namespaced_pod("assigned", work, grace_period_seconds=0)
+        kubelet.remove_pod(work, "assigned")
+    finally:
+        service.stop()
+        cluster.stop()
+
+
 def claim_after_a_lost_race(kube, rec: Recorder, monkeypatch) -> None:
     """Allocate deciding on a stale view: the conditional write fails, the claim re-reads."""
     from agent.domain.errors import SlotTaken
@@ -325,6 +362,41 @@ def web_requests(kube, rec: Recorder, monkeypatch) -> None:
         status.forget()
 
 
+def extender_scheduling(kube, rec: Recorder, monkeypatch) -> None:
+    """runextender: its feeds (cache, then Nodes and device-holding pods from the API), filter,
+    prioritize and bind (the assignment annotation, then the Binding), and a bind of a pod this
+    process never filtered (a restarted extender: it reads the pod first)."""
+    from agent.extender.service import ExtenderService
+    from agent.sharing.akri_slots import ASSIGNMENT
+    from agent.simulator.scheduler import MiniScheduler, pod_body, post
+    from tests.extender_http import put_configuration, put_instance
+
+    put_configuration(kube.namespace, "cams")
+    for n in range(2):
+        put_instance(kube.namespace, f"cams-rbac{n}", ["node-a"])
+    work = kube.create_namespace()
+    core = client.CoreV1Api(kube.api_client)
+    service = ExtenderService(
+        rec.client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
+    ).start()
+    try:
+        scheduler = MiniScheduler(core, work, service.url, {"node-a": None})
+        outcome = scheduler.schedule(scheduler.create("filtered", {"akri.sh/cams": 1}), admit=False)
+        assert (outcome.node, outcome.error) == ("node-a", "")
+        core.create_namespaced_pod(work, pod_body("unseen", {"akri.sh/cams": 1}))
+        uid = core.read_namespaced_pod("unseen", work).metadata.uid
+        bind = {"PodName": "unseen", "PodNamespace": work, "PodUID": uid, "Node": "node-a"}
+        status, bound = post(service.url + "/bind", bind)
+        assert (status, bound["Error"]) == (200, ""), bound
+        for name in ("filtered", "unseen"):
+            pod = core.read_namespaced_pod(name, work)
+            assert pod.spec.node_name == "node-a"
+            assert ASSIGNMENT in (pod.metadata.annotations or {})
+            core.delete_namespaced_pod(name, work, grace_period_seconds=0)
+    finally:
+        service.stop()
+
+
 def _settings():
     from django.conf import settings
 
@@ -333,13 +405,12 @@ def _settings():
 
 Scenario = Callable[..., None]
 SCENARIOS: dict[str, list[Scenario]] = {
-    "agent": [agent_lifecycle, claim_after_a_lost_race],
+    "agent": [agent_lifecycle, claim_after_a_lost_race, agent_taking_an_assignment],
     "controller": [controller_term],
     "worker": [cluster_reconciliation],
     "beat": [beat_election],
     "web": [web_requests],
-    # runextender is not on this branch yet: add its scenario (filter, prioritize, bind) here.
-    "extender": [],
+    "extender": [extender_scheduling],
 }
 
 
