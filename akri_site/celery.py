@@ -31,3 +31,18 @@ app.conf.beat_schedule = {
         "options": {"expires": PRUNE_SECONDS},
     },
 }
+
+# Queue charges (agent/queues): a full recompute and a history sample every interval, on top
+# of the controller's debounced recomputes on change; samples past retention go hourly.
+QUEUE_RECOMPUTE_SECONDS = env.number("AKRI_QUEUE_RECOMPUTE_SECONDS", 30.0, minimum=1)
+app.conf.beat_schedule["queue-charges"] = {
+    "task": "agent.queues.tasks.recompute_charges",
+    "schedule": QUEUE_RECOMPUTE_SECONDS,
+    "kwargs": {"trigger": "schedule"},
+    "options": {"expires": QUEUE_RECOMPUTE_SECONDS},
+}
+app.conf.beat_schedule["prune-charge-samples"] = {
+    "task": "agent.queues.tasks.prune_charge_samples",
+    "schedule": PRUNE_SECONDS,
+    "options": {"expires": PRUNE_SECONDS},
+}

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "agent",
+    "agent.queues",
     "akri_site.dashboard",
 ]
 
@@ -163,6 +164,32 @@ AKRI = {
     "RUN_RETENTION_HOURS": env.number("AKRI_RUN_RETENTION_HOURS", 48.0, minimum=0.01),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
+}
+
+# --- queue charges (agent/queues, seed 003) ---------------------------------------------------
+AKRI_QUEUES = {
+    # The label on an Instance or ResourceClaim that names its owner queue.
+    "LABEL_KEY": env.string("AKRI_QUEUE_LABEL", "akri-site.io/queue"),
+    # Queue resolvers, tried in this order (agent.charges.resolve.RESOLVERS names them).
+    "RESOLVERS": tuple(env.words("AKRI_QUEUE_RESOLVERS", ["kai", "kueue", "volcano", "default"])),
+    # The queue of a pod no resolver places; empty: such a pod has no queue.
+    "DEFAULT_QUEUE": env.string("AKRI_QUEUE_DEFAULT", "default"),
+    # Claims used by several queues with no owner label: "deduct" or "attribute".
+    "ORPHANS": env.choice("AKRI_QUEUE_ORPHANS", "deduct", ("deduct", "attribute")),
+    # Queues that do not share what they own (a queue object's akri-site.io/opt-out wins).
+    "OPT_OUT": env.words("AKRI_QUEUE_OPT_OUT", []),
+    # Charged DRA device classes and Akri Configurations; "*" charges every one.
+    "ACCOUNTED_CLASSES": env.words("AKRI_QUEUE_ACCOUNTED_CLASSES", ["*"]),
+    "ACCOUNTED_CONFIGURATIONS": env.words("AKRI_QUEUE_ACCOUNTED_CONFIGURATIONS", ["*"]),
+    # Users the webhook lets add an owner label after creation (this project's service account).
+    "LABEL_WRITERS": env.words(
+        "AKRI_QUEUE_LABEL_WRITERS", ["system:serviceaccount:akri-site:akri-site"]
+    ),
+    "DEBOUNCE_SECONDS": env.number("AKRI_QUEUE_DEBOUNCE_SECONDS", 0.5, minimum=0.01),
+    "RECOMPUTE_SECONDS": env.number("AKRI_QUEUE_RECOMPUTE_SECONDS", 30.0, minimum=1),
+    "SAMPLE_SECONDS": env.number("AKRI_QUEUE_SAMPLE_SECONDS", 60.0, minimum=1),
+    "HISTORY_HOURS": env.number("AKRI_QUEUE_HISTORY_HOURS", 168.0, minimum=0.01),
+    "CRD_RECHECK_SECONDS": env.number("AKRI_QUEUE_CRD_RECHECK_SECONDS", 60.0, minimum=0.1),
 }
 
 LOGGING = {

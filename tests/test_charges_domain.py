@@ -256,3 +256,13 @@ def test_the_owner_label_patch_is_create_only_with_and_without_a_labels_map():
         owner_label_patch(seen, "5", "akri-site.io/queue", "a"),
     )
     assert fine["metadata"]["labels"] == {"app": "x", "akri-site.io/queue": "a"}
+
+
+def test_the_label_waits_while_a_user_of_the_claim_is_not_known():
+    charge = decide(
+        ClaimFacts(DRA, "ns", "gpu", "g", 1, {}, (A,), True, ("slot gpu-0 held by node n1",)),
+        QueueWorld(),
+        Settings(),
+    )
+    assert charge.owner == "a" and charge.write_label is None
+    assert "slot gpu-0 held by node n1: pod not known yet" in " ".join(charge.problems)

@@ -102,7 +102,7 @@ def decide(claim: ClaimFacts, world: QueueWorld, settings: Settings) -> ClaimCha
     owner, problems = label_owner(claim, world, settings)
     users = tuple(_user(pod, world, settings) for pod in claim.users)
     problems += tuple(p for pod, res in zip(claim.users, users, strict=True) for p in res[1])
-    problems += tuple(f"user {u} is not in the cache" for u in claim.unknown_users)
+    problems += tuple(f"{u}: pod not known yet" for u in claim.unknown_users)
     views = tuple(view for view, _ in users)
     base = _Base(claim, views, problems)
     if owner is not None:
@@ -114,6 +114,10 @@ def decide(claim: ClaimFacts, world: QueueWorld, settings: Settings) -> ClaimCha
         return base.result(None, NO_QUEUE, "held, but no pod of a known queue uses it")
     if len(queues) == 1:
         (queue,) = queues
+        if claim.unknown_users:
+            # A user we cannot place may have bound first: decide now, write once it is known.
+            why = f"first bound by queue {queue} as far as known; label not written yet"
+            return base.result(queue, FIRST_BIND, why)
         return base.result(queue, FIRST_BIND, f"first bound by queue {queue}", write=queue)
     return _orphan(base, claim, views, settings)
 
