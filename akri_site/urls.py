@@ -9,5 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/", include("akri_site.dashboard.api")),
+    # Queue charges: the admission webhook (no session, no CSRF) and the Queues pages.
+    path("webhooks/", include("agent.queues.urls")),
     path("", include("akri_site.dashboard.urls")),
 ]

@@ -1,0 +1,148 @@
+"""The validating admission webhook (``/webhooks/pods/validate``), served by the web process.
+
+Rules (``agent.charges.admission``):
+* ``pods`` CREATE: a pod joining a claim or Instance another queue owns is refused when that
+  owner opted out, or when the pod is non-preemptible (resource locking);
+* ``resourceclaims`` (resource.k8s.io) and ``instances`` (akri.sh) CREATE/UPDATE: the owner
+  label is set once and never changed; only ``LABEL_WRITERS`` may add it after creation.
+Anything else is allowed. The API server calls it without a session: the view is exempt from
+CSRF and login, reads only the cache, and changes nothing (see README, "Admission webhook").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from agent.charges.admission import Joined, admit_owner_label, admit_pod
+from agent.charges.facts import AKRI, DRA, PodFacts
+from agent.models import Instance
+from agent.queues import recompute
+from agent.queues.cache import pod_claims
+from agent.queues.models import Charge, InstanceLabels, ResourceClaim
+from agent.queues.review import Request, parse, response
+
+log = logging.getLogger(__name__)
+AKRI_PREFIX = "akri.sh/"
+
+
+@csrf_exempt
+@require_POST
+def validate(request: HttpRequest) -> JsonResponse:
+    try:
+        review = parse(json.loads(request.body))
+    except RequestDataTooBig:
+        return _error(413, "the AdmissionReview is larger than this server accepts")
+    except (ValueError, UnicodeDecodeError) as exc:
+        # json.JSONDecodeError and MalformedReview are ValueErrors.
+        return _error(400, f"malformed AdmissionReview: {exc}")
+    allowed, message, warnings = decide(review)
+    if not allowed:
+        log.info("webhook: refused %s %s: %s", review.operation, review.resource, message)
+    return JsonResponse(response(review, allowed, message, warnings))
+
+
+def _error(status: int, message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status)
+
+
+def decide(review: Request) -> tuple[bool, str, tuple[str, ...]]:
+    if review.resource == "pods" and review.group == "" and review.operation == "CREATE":
+        verdict = _pod(review)
+    elif (review.group, review.resource) in (
+        ("resource.k8s.io", "resourceclaims"),
+        ("akri.sh", "instances"),
+    ):
+        verdict = _owner_label(review)
+    else:
+        return True, "", ()
+    return verdict.allowed, verdict.message, verdict.warnings
+
+
+def _pod(review: Request):
+    obj = review.obj or {}
+    meta = obj.get("metadata") or {}
+    namespace = review.namespace or meta.get("namespace") or ""
+    name = meta.get("name") or f"{meta.get('generateName', '')}*"
+    pod = PodFacts(
+        namespace,
+        name,
+        str(meta.get("uid") or ""),
+        _strings(meta.get("labels")),
+        _strings(meta.get("annotations")),
+        _priority(obj),
+        str(meta.get("creationTimestamp") or ""),
+    )
+    return admit_pod(pod, joined(namespace, obj), recompute.world(), recompute.rules())
+
+
+def _strings(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _priority(obj: dict[str, Any]) -> int | None:
+    value = (obj.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) else None
+
+
+def joined(namespace: str, pod: dict[str, Any]) -> list[Joined]:
+    """The claims and Instances a new pod would use, with their owners as the cache knows."""
+    claims = pod_claims(pod) if isinstance(pod.get("spec"), dict) else []
+    instances = _instances_requested(pod)
+    out = [_joined(DRA, namespace, c) for c in claims]
+    if instances:
+        akri_ns = settings.AKRI["NAMESPACE"]
+        known = Instance.objects.filter(namespace=akri_ns, name__in=instances)
+        out += [_joined(AKRI, akri_ns, n) for n in known.values_list("name", flat=True)]
+    return out
+
+
+def _instances_requested(pod: dict[str, Any]) -> set[str]:
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    names = set()
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") if isinstance(container, dict) else None
+        for part in ("requests", "limits"):
+            for key in ((resources or {}).get(part) or {}) if isinstance(resources, dict) else {}:
+                if str(key).startswith(AKRI_PREFIX):
+                    names.add(str(key)[len(AKRI_PREFIX) :])
+    return names
+
+
+def _joined(kind: str, namespace: str, name: str) -> Joined:
+    label_key = settings.AKRI_QUEUES["LABEL_KEY"]
+    row = Charge.objects.filter(kind=kind, namespace=namespace, name=name).first()
+    if kind == DRA:
+        claim = ResourceClaim.objects.filter(namespace=namespace, name=name).first()
+        labels = claim.labels if claim is not None else {}
+    else:
+        found = InstanceLabels.objects.filter(namespace=namespace, name=name).first()
+        labels = found.labels if found is not None else {}
+    # The label is the truth; a first bind decided but not yet written counts too.
+    owner = (labels or {}).get(label_key) or (row.owner if row is not None else "") or None
+    accounted = row.accounted if row is not None else True
+    return Joined(kind, namespace, name, owner, accounted)
+
+
+def _owner_label(review: Request):
+    obj = review.obj or {}
+    meta = obj.get("metadata") or {}
+    old_meta = (review.old or {}).get("metadata") or {}
+    namespace = review.namespace or meta.get("namespace") or ""
+    kind = "ResourceClaim" if review.resource == "resourceclaims" else "Instance"
+    return admit_owner_label(
+        operation=review.operation,
+        old_labels=_strings(old_meta.get("labels")),
+        new_labels=_strings(meta.get("labels")),
+        username=review.username,
+        writers=frozenset(settings.AKRI_QUEUES["LABEL_WRITERS"]),
+        label_key=settings.AKRI_QUEUES["LABEL_KEY"],
+        shown=f"{kind} {namespace}/{meta.get('name', '')}",
+    )
