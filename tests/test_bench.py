@@ -32,6 +32,8 @@ KEYS = {
     "sweep": {"duration_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
+    "charges": {"full_ms", "incremental_p95_ms"},
+    "webhook": {"p99_ms"},
 }
 
 

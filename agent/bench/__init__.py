@@ -56,6 +56,17 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_sweep",
         "one node-local sweep over 500 Instances x 4 held slots in use",
     ),
+    # Queue charges (agent/queues).
+    "charges": (
+        "agent.queues.bench",
+        "bench_charges",
+        "full charge recompute (5,000 claims, 200 queues, 20,000 pods) and one-pod updates",
+    ),
+    "webhook": (
+        "agent.queues.bench",
+        "bench_webhook",
+        "AdmissionReview round trip over HTTP, 50 concurrent clients",
+    ),
 }
 
 

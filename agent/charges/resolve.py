@@ -12,6 +12,7 @@ Label keys and rules are KAI's, Kueue's and Volcano's own (see the module consta
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -163,7 +164,13 @@ def suspicious_keys(pod: PodFacts, extra_known: frozenset[str] = frozenset()) ->
 
 def looks_like(key: str, known: Iterable[str]) -> bool:
     """Is ``key`` (not itself known) a queue key, or one or two keystrokes from a known one?"""
-    known = set(known)
+    return _looks_like(key, frozenset(known))
+
+
+# Every pod of a cluster carries the same few label keys; comparing each one's keys by edit
+# distance again took half of a full recompute (bench ``charges``, 20,000 pods).
+@functools.lru_cache(maxsize=4096)
+def _looks_like(key: str, known: frozenset[str]) -> bool:
     if key in known:
         return False
     return "queue" in key.lower() or bool(difflib.get_close_matches(key, known, n=1, cutoff=0.85))

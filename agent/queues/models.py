@@ -143,6 +143,8 @@ class Charge(models.Model):
     queues = models.JSONField(default=list)
     problems = models.JSONField(default=list)
     why = models.TextField(blank=True)
+    # A digest of the fields above: a full recompute compares it, not thousands of JSON rows.
+    digest = models.CharField(max_length=64, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

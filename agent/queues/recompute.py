@@ -10,6 +10,8 @@ records one ``ChargeSample`` row per queue and resource for the current interval
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
@@ -123,8 +125,17 @@ def _accounted(the_rules: Settings, classes: list[str], overrides: dict[str, boo
 def gather(keys: Iterable[str] | None, the_rules: Settings) -> list[ClaimFacts]:
     wanted = None if keys is None else set(keys)
     dra, akri = _split(wanted)
-    claims = _dra_facts(dra, the_rules) + _akri_facts(akri, the_rules)
-    return claims
+    # A full pass reads every pod once; a narrow one only the pods its claims name.
+    pods = None if wanted is not None else _all_pods()
+    return _dra_facts(dra, the_rules, pods) + _akri_facts(akri, the_rules, pods)
+
+
+def _all_pods() -> tuple[dict[str, PodFacts], dict[tuple[str, str], PodFacts]]:
+    by_uid, by_name = {}, {}
+    for row in QueuePod.objects.values_list(*POD_FIELDS):
+        pod = PodFacts(*row[:3], row[3] or {}, row[4] or {}, row[5], row[6])
+        by_uid[pod.uid] = by_name[(pod.namespace, pod.name)] = pod
+    return by_uid, by_name
 
 
 def _split(wanted: set[str] | None) -> tuple[Any, Any]:
@@ -151,14 +162,14 @@ def _filter_pairs(qs, pairs):
     return qs.filter(q)
 
 
-def _dra_facts(pairs, the_rules: Settings) -> list[ClaimFacts]:
+def _dra_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
     rows = list(
         _filter_pairs(ResourceClaim.objects.all(), pairs).values_list(
             "namespace", "name", "labels", "device_classes", "allocated", "reserved_for"
         )
     )
     uids = {r["uid"] for row in rows for r in row[5] if r.get("resource") == "pods"}
-    pods = _pods_by_uid(uids if pairs is not None else None)
+    pods = every_pod[0] if every_pod is not None else _pods_by_uid(uids)
     overrides = class_accounted(the_rules)
     out = []
     for namespace, name, labels, classes, allocated, reserved in rows:
@@ -186,19 +197,17 @@ def _dra_facts(pairs, the_rules: Settings) -> list[ClaimFacts]:
     return out
 
 
-def _pods_by_uid(uids: set[str] | None) -> dict[str, PodFacts]:
-    qs = QueuePod.objects.all() if uids is None else QueuePod.objects.filter(uid__in=uids)
+def _pods_by_uid(uids: set[str]) -> dict[str, PodFacts]:
+    qs = QueuePod.objects.filter(uid__in=uids)
     return {row["uid"]: _pod(row) for row in qs.values(*POD_FIELDS)}
 
 
-def _pods_by_name(names: set[tuple[str, str]] | None) -> dict[tuple[str, str], PodFacts]:
-    qs = QueuePod.objects.all()
-    if names is not None:
-        qs = _filter_pairs(qs, names)
+def _pods_by_name(names: set[tuple[str, str]]) -> dict[tuple[str, str], PodFacts]:
+    qs = _filter_pairs(QueuePod.objects.all(), names)
     return {(row["namespace"], row["name"]): _pod(row) for row in qs.values(*POD_FIELDS)}
 
 
-def _akri_facts(pairs, the_rules: Settings) -> list[ClaimFacts]:
+def _akri_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
     instances = _filter_pairs(Instance.objects.all(), pairs)
     rows = list(instances.values_list("id", "namespace", "name", "configuration_name"))
     ids = {row[0] for row in rows}
@@ -211,7 +220,7 @@ def _akri_facts(pairs, the_rules: Settings) -> list[ClaimFacts]:
     ):
         slots[slot[0]].append(slot[1:])
     names = {(s[2], s[3]) for rows_ in slots.values() for s in rows_ if s[3]}
-    pods = _pods_by_name(names if pairs is not None else None)
+    pods = every_pod[1] if every_pod is not None else _pods_by_name(names)
     labels = _instance_labels(pairs)
     return [_akri_claim(row, slots.get(row[0], []), pods, labels, the_rules) for row in rows]
 
@@ -284,22 +293,31 @@ def store(charges: dict[str, ClaimCharge], *, full: bool) -> int:
     existing = Charge.objects.all()
     if not full:
         existing = existing.filter(pk__in=_pks(wanted))
-    rows = {(r.kind, r.namespace, r.name): r for r in existing}
+    rows = {
+        (kind, namespace, name): (pk, digest)
+        for pk, kind, namespace, name, digest in existing.values_list(
+            "pk", "kind", "namespace", "name", "digest"
+        )
+    }
     create, update = [], []
+    now = timezone.now()
     for key, values in wanted.items():
-        row = rows.pop(key, None)
-        if row is None:
+        found = rows.pop(key, None)
+        values["digest"] = _digest(values)
+        if found is None:
             create.append(Charge(kind=key[0], namespace=key[1], name=key[2], **values))
-        elif any(getattr(row, f) != v for f, v in values.items()):
-            for f, v in values.items():
-                setattr(row, f, v)
-            update.append(row)
+        elif found[1] != values["digest"]:
+            update.append(Charge(pk=found[0], updated_at=now, **values))
     with transaction.atomic():
         Charge.objects.bulk_create(create, batch_size=500)
-        Charge.objects.bulk_update(update, CHARGE_FIELDS, batch_size=500)
+        Charge.objects.bulk_update(update, [*CHARGE_FIELDS, "digest", "updated_at"], batch_size=500)
         if full and rows:
-            Charge.objects.filter(pk__in=[r.pk for r in rows.values()]).delete()
+            Charge.objects.filter(pk__in=[pk for pk, _ in rows.values()]).delete()
     return len(create) + len(update) + (len(rows) if full else 0)
+
+
+def _digest(values: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(values, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
 def _pks(wanted: dict[tuple[str, str, str], Any]) -> list[int]:
