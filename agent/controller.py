@@ -235,9 +235,13 @@ class Controller:
         from agent.queues import recompute, tasks
 
         if settings.CELERY_TASK_ALWAYS_EAGER:
-            recompute.recompute(keys, api_client=self.api_client)
+            from agent.queues.live import publish
+
+            outcome = recompute.recompute(keys, api_client=self.api_client)
             if keys is None:
                 recompute.sample()
+            if outcome.written:
+                publish()
         else:
             tasks.recompute_charges.delay(keys=keys, trigger="event")
 

@@ -23,6 +23,10 @@ def recompute_charges(keys: list[str] | None = None, trigger: str = "schedule") 
         api_client.close()
     if keys is None:
         recompute.sample()
+    if outcome.written:
+        from agent.queues.live import publish
+
+        publish()
     return outcome.decided
 
 

@@ -1,0 +1,79 @@
+"""Live Queues page: after a recompute, the current totals go to every Queues websocket.
+
+``publish()`` is called by whoever ran a recompute that changed rows (the controller, the
+Celery task); it never raises into them. ``QueuesConsumer`` sends a snapshot on connect and
+forwards each update; the page swaps its figures in place (``static/queues/queues.js``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.utils import timezone
+
+from akri_site.dashboard.access import can_view
+
+log = logging.getLogger(__name__)
+GROUP = "akri.queues"
+CLOSE_BAD_FRAME = 4400
+CLOSE_FORBIDDEN = 4403
+
+
+def snapshot() -> dict[str, Any]:
+    from agent.queues import queries
+
+    data = queries.overview()
+    return {
+        "queues": data["queues"],
+        "charged": data["charged"],
+        "uncharged_total": data["uncharged_total"],
+        "orphans": data["orphans"],
+        "problems": data["problems"],
+        "claims": data["claims"],
+        "at": timezone.now().isoformat(),
+    }
+
+
+def publish() -> None:
+    try:
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(GROUP, {"type": "queues.update", **snapshot()})
+    except Exception:
+        log.exception("queues: live update not published")
+
+
+class QueuesConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if not await database_sync_to_async(can_view)(user):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self.channel_layer.group_add(GROUP, self.channel_name)
+        await self.accept()
+        await self.send_json({"type": "snapshot", **await database_sync_to_async(snapshot)()})
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(GROUP, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong", "at": timezone.now().isoformat()})
+            return
+        await self.send_json({"type": "error", "message": 'only {"type": "ping"} is understood'})
+        await self.close(code=CLOSE_BAD_FRAME)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
+        try:
+            await super().receive(text_data=text_data, bytes_data=bytes_data)
+        except ValueError:
+            await self.send_json({"type": "error", "message": "frames must be JSON objects"})
+            await self.close(code=CLOSE_BAD_FRAME)
+
+    async def queues_update(self, message: dict[str, Any]) -> None:
+        await self.send_json({**message, "type": "update"})

@@ -1,0 +1,138 @@
+"""The Queues pages, their JSON API and /metrics figures, from a charge cache filled through
+the real recompute (no API server: labels are not written)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from agent.models import AuditEntry
+from agent.queues import recompute
+from agent.queues.models import Charge, ChargeSample, QueuePod, ResourceClaim
+
+pytestmark = pytest.mark.django_db
+LABEL = "akri-site.io/queue"
+
+
+def pod(name: str, queue: str, priority: int = 0, **labels) -> QueuePod:
+    return QueuePod.objects.create(
+        namespace="ml",
+        name=name,
+        uid=f"uid-{name}",
+        labels={"kai.scheduler/queue": queue, **labels} if queue else labels,
+        priority=priority,
+        created=f"2026-01-01T00:00:0{len(name) % 10}Z",
+    )
+
+
+def claim(name: str, users: list[QueuePod], label: str | None = None, classes=("gpu",)):
+    return ResourceClaim.objects.create(
+        namespace="ml",
+        name=name,
+        labels={LABEL: label} if label else {},
+        device_classes=list(classes),
+        allocated=1,
+        reserved_for=[{"resource": "pods", "name": p.name, "uid": p.uid} for p in users],
+    )
+
+
+@pytest.fixture
+def world():
+    a1, b1, b2 = pod("a1", "team-a"), pod("b1", "team-b", priority=125), pod("b2", "team-b")
+    typo = pod("t1", "", **{"kai.scheduler/queu": "team-c"})
+    claim("shared", [a1, b1], label="team-a")
+    claim("orphan", [a1, b2])
+    claim("idle", [])
+    claim("typo", [typo])
+    recompute.recompute(None)
+    recompute.sample()
+
+
+@pytest.fixture
+def login(client):
+    def as_role(role: str | None):
+        user = User.objects.create_user(f"u-{role}", is_staff=role in ("operator", "admin"))
+        if role:
+            user.groups.add(Group.objects.get(name=role))
+        client.force_login(user)
+        return client
+
+    return as_role
+
+
+def test_the_queues_page_shows_owners_charges_orphans_and_problems(login, world):
+    page = login("viewer").get("/queues/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-queue="team-a"' in html and 'data-queue="team-b"' in html
+    assert Charge.objects.get(name="shared").owner == "team-a"
+    assert Charge.objects.get(name="orphan").source == "orphan-deducted"
+    assert 'data-figure="orphans">1<' in html
+    assert "queue-history" in html  # the chart's data
+
+
+def test_a_queue_page_lists_what_it_owns_and_what_others_use(login, world):
+    html = login("viewer").get("/queues/q/team-a/").content.decode()
+    assert "ml/shared" in html and "team-b</a> (foreign)" in html
+
+
+def test_an_unknown_queue_is_a_404_that_says_so(login, world):
+    page = login("viewer").get("/queues/q/nope/")
+    assert page.status_code == 404
+
+
+def test_a_claim_page_drills_down_to_pods_queues_and_preemptibility(login, world):
+    html = login("viewer").get("/queues/claims/resourceclaim/ml/shared/").content.decode()
+    assert "ml/b1" in html and "priority 125 &gt;= 100" in html and "(foreign)" in html
+
+
+def test_a_label_typo_and_a_claim_with_no_pods_are_explained(login, world):
+    typo = Charge.objects.get(name="typo")
+    assert typo.owner == "default" and any("typo" in p for p in typo.problems)
+    idle = Charge.objects.get(name="idle")
+    assert (idle.owner, idle.charged, idle.uncharged) == ("", 0, 1)
+    html = login("viewer").get("/queues/claims/resourceclaim/ml/typo/").content.decode()
+    assert "kai.scheduler/queu" in html and "typo?" in html
+
+
+def test_a_bad_range_is_a_400_with_its_message(login, world):
+    page = login("viewer").get("/queues/?range=custom")
+    assert page.status_code == 400 and "A custom range needs a start time." in page.content.decode()
+
+
+def test_the_json_api_needs_a_role_and_gives_the_page_figures(client, login, world):
+    assert client.get("/api/queues/").status_code == 403
+    viewer = login("viewer")
+    body = viewer.get("/api/queues/").json()
+    assert {q["queue"] for q in body["queues"]} >= {"team-a", "team-b"}
+    assert body["orphans"] == 1
+    orphans = viewer.get("/api/queues/charges/?source=orphan-deducted").json()
+    assert [c["name"] for c in orphans["results"]] == ["orphan"]
+    assert viewer.get("/api/queues/charges/?source=bogus").status_code == 400
+    history = viewer.get("/api/queues/history/?range=1h").json()
+    assert history["t"] and history["series"]
+
+
+def test_metrics_carry_the_queue_charges(client, world):
+    text = client.get("/metrics").content.decode()
+    assert 'akri_queue_charge{queue="team-a",resource="gpu"} 1.0' in text
+    assert 'akri_queue_uncharged{resource="gpu"}' in text
+
+
+def test_viewers_may_not_evict_and_operators_see_the_confirmation(login, world):
+    url = "/queues/claims/resourceclaim/ml/shared/evict/"
+    assert login("viewer").post(url, {"pods": ["ml/b1@uid-b1"]}).status_code == 403
+    page = login("operator").get(url)
+    assert page.status_code == 200 and "ml/b1" in page.content.decode()
+    assert not AuditEntry.objects.exists()
+
+
+def test_samples_past_their_retention_are_pruned(world, settings):
+    old = timezone.now() - timedelta(hours=settings.AKRI_QUEUES["HISTORY_HOURS"] + 1)
+    ChargeSample.objects.create(at=old, queue="team-a", resource="gpu", charged=1)
+    kept = ChargeSample.objects.exclude(at=old).count()
+    assert recompute.prune_samples() == 1
+    assert ChargeSample.objects.count() == kept
