@@ -236,3 +236,52 @@ def has_kind(custom) -> bool:
     except ApiException:
         return False
     return True
+
+
+def test_an_operator_evicts_the_foreign_pods_of_an_owned_claim(kube, client_as_operator, settings):
+    from agent.models import AuditEntry
+    from agent.queues import cache
+    from agent.queues.models import ResourceClaim
+
+    settings.AKRI = {**settings.AKRI, "KUBECONFIG": kube.kubeconfig}
+    pods = [
+        create_pod(kube, pod_body("owner-pod", "team-a", resource="akri.sh/cam-aaaaaa")),
+        create_pod(kube, pod_body("guest-pod", "team-b", resource="akri.sh/cam-aaaaaa")),
+    ]
+    for obj in pods:
+        cache.apply_pod("ADDED", client.ApiClient().sanitize_for_serialization(obj))
+    ResourceClaim.objects.create(
+        namespace=kube.namespace,
+        name="shared",
+        labels={LABEL: "team-a"},
+        device_classes=["gpu"],
+        allocated=1,
+        reserved_for=[
+            {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+            for p in pods
+        ],
+    )
+    recompute.recompute(None)
+    guest = f"{kube.namespace}/guest-pod@{pods[1]['metadata']['uid']}"
+    url = f"/queues/claims/resourceclaim/{kube.namespace}/shared/evict/"
+    answer = client_as_operator.post(url, {"pods": [guest], "reason": "take it back"})
+    assert answer.status_code == 302
+    core = client.CoreV1Api(kube.api_client)
+    names = {p.metadata.name for p in core.list_namespaced_pod(kube.namespace).items}
+    assert names == {"owner-pod"}
+    entry = AuditEntry.objects.get(action="evict_foreign_pods")
+    assert (entry.outcome, entry.holder, entry.reason) == (
+        "done",
+        f"{kube.namespace}/guest-pod",
+        "take it back",
+    )
+
+
+@pytest.fixture
+def client_as_operator(client):
+    from django.contrib.auth.models import Group, User
+
+    user = User.objects.create_user("op", is_staff=True)
+    user.groups.add(Group.objects.get(name="operator"))
+    client.force_login(user)
+    return client

@@ -65,7 +65,7 @@ def _one(api_client, target, claim, user_row, ref, user, reason) -> tuple[int, s
     if user_row.get("uid"):
         body["deleteOptions"] = {"preconditions": {"uid": user_row["uid"]}}
     try:
-        client.CoreV1Api(api_client).create_namespaced_pod_eviction(name, namespace, body)
+        _post_eviction(client.CoreV1Api(api_client), name, namespace, body)
     except ApiException as exc:
         code, why, text = status_of(exc)
         detail = f"{code} {why}: {text}".strip()
@@ -75,6 +75,19 @@ def _one(api_client, target, claim, user_row, ref, user, reason) -> tuple[int, s
         user, target, pod, reason, "done", f"queue {user_row.get('queue')}, owner {claim['owner']}"
     )
     return messages.SUCCESS, f"{pod} (queue {user_row.get('queue')}) evicted from {target}."
+
+
+def _post_eviction(core: client.CoreV1Api, name: str, namespace: str, body: dict) -> None:
+    """policy/v1 Eviction (Kubernetes 1.22+), else policy/v1beta1 as ``kubectl drain`` falls back."""
+    try:
+        core.create_namespaced_pod_eviction(name, namespace, body)
+    except ApiException as exc:
+        _, _, text = status_of(exc)
+        if exc.status not in (400, 404) or "policy/v1" not in text:
+            raise
+        core.create_namespaced_pod_eviction(
+            name, namespace, {**body, "apiVersion": "policy/v1beta1"}
+        )
 
 
 def _audit(user, target, holder, reason, outcome, detail) -> None:
