@@ -223,7 +223,8 @@ def test_queue_objects_are_watched_once_their_crd_appears(kube, fast):
         the_world = recompute.world()
         assert f"{kube.namespace}-a" in the_world.kai_queues
         assert f"{kube.namespace}-a" in the_world.opted_out
-        assert None in fired  # a queue object moves every charge: a full recompute
+        # A queue object moves every charge: a full recompute, once the debounce has passed.
+        kube.wait_for(lambda: None in fired, message="a full recompute asked for")
     finally:
         watch.stop()
         with contextlib.suppress(ApiException):
