@@ -7,7 +7,9 @@ forwards each update; the page swaps its figures in place (``static/queues/queue
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -42,8 +44,19 @@ def snapshot() -> dict[str, Any]:
 def publish() -> None:
     try:
         layer = get_channel_layer()
-        if layer is not None:
-            async_to_sync(layer.group_send)(GROUP, {"type": "queues.update", **snapshot()})
+        if layer is None:
+            return
+        message = {"type": "queues.update", **snapshot()}
+        send = async_to_sync(layer.group_send)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            send(GROUP, message)
+            return
+        # An event loop runs in this thread (async code, Playwright's sync API in a test):
+        # async_to_sync cannot run here; send from a short-lived thread (as dashboard.live).
+        with ThreadPoolExecutor(1, thread_name_prefix="queues-send") as pool:
+            pool.submit(send, GROUP, message).result()
     except Exception:
         log.exception("queues: live update not published")
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from agent.charges.facts import AKRI, DRA, PodFacts
 from agent.charges.owner import FIRST_BIND, LABEL, NO_QUEUE, ORPHAN_ATTRIBUTED, ORPHAN_DEDUCTED
@@ -167,4 +168,7 @@ def history(start: datetime, end: datetime | None, queue: str = "") -> dict[str,
         "t": t,
         "series": [{"queue": q, "values": [sums[q].get(x, 0) for x in t]} for q in order],
         "interval_seconds": float(settings.AKRI_QUEUES["SAMPLE_SECONDS"]),
+        # The chart spans the chosen range, not just the samples in it.
+        "from": start.timestamp(),
+        "to": (end or timezone.now()).timestamp(),
     }

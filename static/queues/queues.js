@@ -25,7 +25,7 @@
     });
     var width = Math.max(320, holder.clientWidth || 800);
     holder.chart = new window.uPlot(
-      { width: width, height: 260, series: series, axes: [{}, { label: "devices" }], scales: { x: { time: true } } },
+      { width: width, height: 260, series: series, axes: [{}, { label: "devices" }], scales: { x: { time: true, range: [history.from, history.to] } } },
       columns,
       holder
     );
