@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from agent.models import Instance
-from agent.queues.models import Charge, InstanceLabels, ResourceClaim
+from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 
 pytestmark = pytest.mark.django_db
 URL = "/webhooks/pods/validate"
@@ -118,6 +118,13 @@ def test_a_non_preemptible_foreign_pod_is_denied_with_claim_owner_and_rule(owned
     for part in ("ml/shared-gpu", "owned by queue team-a", "resource locking", "team-b"):
         assert part in message
     assert Charge.objects.get(name="shared-gpu").owner == "team-a"  # nothing changed
+    refusal = Refusal.objects.get()
+    assert (refusal.name, refusal.queue, refusal.owner, refusal.rule) == (
+        "trainer-b",
+        "team-b",
+        "team-a",
+        "resource locking",
+    )
 
 
 def test_an_opted_out_owner_refuses_every_foreign_pod(owned_claim, settings):

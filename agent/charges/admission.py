@@ -28,6 +28,11 @@ class Verdict:
     allowed: bool
     message: str = ""
     warnings: tuple[str, ...] = ()
+    # For a refusal: the claim, its owner, the pod's queue and the rule (opt-out, locking...).
+    claim: str = ""
+    owner: str = ""
+    queue: str = ""
+    rule: str = ""
 
 
 ALLOW = Verdict(True)
@@ -64,6 +69,10 @@ def admit_pod(pod: PodFacts, joins: list[Joined], world: QueueWorld, settings: S
                 False,
                 f"pod {pod.key} of queue {found.queue} may not use {joined.shown}: it is owned "
                 f"by queue {joined.owner}, which does not share what it owns (rule: opt-out)",
+                claim=joined.shown,
+                owner=joined.owner or "",
+                queue=found.queue,
+                rule="opt-out",
             )
     if foreign:
         verdict = preemptibility(pod)
@@ -74,6 +83,10 @@ def admit_pod(pod: PodFacts, joins: list[Joined], world: QueueWorld, settings: S
                 f"non-preemptible pod {pod.key} of queue {found.queue} ({verdict.why}) may not "
                 f"join {joined.shown}, owned by queue {joined.owner} (rule: resource locking: "
                 "a foreign pod that cannot be preempted would keep the claim bound)",
+                claim=joined.shown,
+                owner=joined.owner or "",
+                queue=found.queue,
+                rule="resource locking",
             )
     return ALLOW
 
@@ -101,6 +114,9 @@ def admit_owner_label(
             False,
             f"{shown} is owned by queue {old}: its owner label {label_key} is immutable "
             f"and cannot be {change}",
+            claim=shown,
+            owner=old,
+            rule="immutable owner label",
         )
     if new is None or username in writers:
         return ALLOW
@@ -108,6 +124,8 @@ def admit_owner_label(
         False,
         f"{shown}: only {', '.join(sorted(writers)) or 'akri-site'} may add the owner label "
         f"{label_key} after creation (user {username!r} may not); set it when creating the object",
+        claim=shown,
+        rule="owner label set by akri-site only",
     )
 
 

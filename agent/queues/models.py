@@ -176,3 +176,26 @@ class ChargeSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%H:%M} {self.queue or '(uncharged)'} {self.resource}={self.charged}"
+
+
+class Refusal(models.Model):
+    """One request the admission webhook refused, with its rule. Append-only; pruned with the
+    charge history."""
+
+    at = models.DateTimeField(db_index=True)
+    operation = models.CharField(max_length=16)
+    resource = models.CharField(max_length=64)
+    namespace = models.CharField(max_length=253, blank=True)
+    name = models.CharField(max_length=253, blank=True)
+    username = models.CharField(max_length=253, blank=True)
+    queue = models.CharField(max_length=253, blank=True)
+    claim = models.CharField(max_length=600, blank=True)
+    owner = models.CharField(max_length=253, blank=True)
+    rule = models.CharField(max_length=64)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.resource} {self.namespace}/{self.name}: {self.rule}"

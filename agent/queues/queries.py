@@ -14,7 +14,7 @@ from agent.charges.owner import FIRST_BIND, LABEL, NO_QUEUE, ORPHAN_ATTRIBUTED, 
 from agent.charges.preempt import preemptibility
 from agent.models import Slot
 from agent.queues import recompute
-from agent.queues.models import Charge, ChargeSample, QueuePod, QueueSystem
+from agent.queues.models import Charge, ChargeSample, QueuePod, QueueSystem, Refusal
 
 SOURCES = {
     LABEL: "owner label",
@@ -24,6 +24,7 @@ SOURCES = {
     NO_QUEUE: "no known queue",
     "unused": "holds nothing",
 }
+REFUSALS_SHOWN = 20
 CHART_QUEUES = 8  # lines in a chart: the largest queues; the rest are in the table
 
 
@@ -47,6 +48,7 @@ def overview() -> dict[str, Any]:
         "orphans": by_source[ORPHAN_ATTRIBUTED] + by_source[ORPHAN_DEDUCTED],
         "problems": Charge.objects.exclude(problems=[]).count(),
         "systems": dict(QueueSystem.objects.values_list("kind", "present")),
+        "refusals": list(Refusal.objects.all()[:REFUSALS_SHOWN]),
         "policy": settings.AKRI_QUEUES["ORPHANS"],
         "label_key": settings.AKRI_QUEUES["LABEL_KEY"],
     }

@@ -38,6 +38,7 @@ from agent.queues.models import (
     InstanceLabels,
     QueueObject,
     QueuePod,
+    Refusal,
     ResourceClaim,
 )
 
@@ -527,8 +528,10 @@ def prune_samples(now: datetime | None = None) -> int:
     hours = float(settings.AKRI_QUEUES["HISTORY_HOURS"])
     cutoff = (now or timezone.now()) - timedelta(hours=hours)
     deleted = 0
-    while True:
-        batch = list(ChargeSample.objects.filter(at__lt=cutoff).values_list("pk", flat=True)[:500])
-        if not batch:
-            return deleted
-        deleted += ChargeSample.objects.filter(pk__in=batch).delete()[0]
+    for model in (ChargeSample, Refusal):
+        while True:
+            batch = list(model.objects.filter(at__lt=cutoff).values_list("pk", flat=True)[:500])
+            if not batch:
+                break
+            deleted += model.objects.filter(pk__in=batch).delete()[0]
+    return deleted

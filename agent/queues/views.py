@@ -135,7 +135,22 @@ def _api_access(request: HttpRequest) -> JsonResponse | None:
 @never_cache
 def api_queues(request: HttpRequest) -> JsonResponse:
     refused = _api_access(request)
-    return refused or JsonResponse(queries.overview())
+    if refused:
+        return refused
+    data = queries.overview()
+    data["refusals"] = [
+        {
+            "at": r.at.isoformat(),
+            "pod": f"{r.namespace}/{r.name}",
+            "queue": r.queue,
+            "claim": r.claim,
+            "owner": r.owner,
+            "rule": r.rule,
+            "message": r.message,
+        }
+        for r in data["refusals"]
+    ]
+    return JsonResponse(data)
 
 
 @require_GET

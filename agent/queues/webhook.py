@@ -17,16 +17,18 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from agent.charges.admission import Joined, admit_owner_label, admit_pod
+from agent.charges.admission import ALLOW, Joined, Verdict, admit_owner_label, admit_pod
 from agent.charges.facts import AKRI, DRA, PodFacts
 from agent.models import Instance
 from agent.queues import recompute
 from agent.queues.cache import pod_claims
-from agent.queues.models import Charge, InstanceLabels, ResourceClaim
+from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 from agent.queues.review import Request, parse, response
 
 log = logging.getLogger(__name__)
@@ -43,27 +45,47 @@ def validate(request: HttpRequest) -> JsonResponse:
     except (ValueError, UnicodeDecodeError) as exc:
         # json.JSONDecodeError and MalformedReview are ValueErrors.
         return _error(400, f"malformed AdmissionReview: {exc}")
-    allowed, message, warnings = decide(review)
-    if not allowed:
-        log.info("webhook: refused %s %s: %s", review.operation, review.resource, message)
-    return JsonResponse(response(review, allowed, message, warnings))
+    verdict = decide(review)
+    if not verdict.allowed:
+        log.info("webhook: refused %s %s: %s", review.operation, review.resource, verdict.message)
+        _record(review, verdict)
+    return JsonResponse(response(review, verdict.allowed, verdict.message, verdict.warnings))
 
 
 def _error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
 
 
-def decide(review: Request) -> tuple[bool, str, tuple[str, ...]]:
+def decide(review: Request) -> Verdict:
     if review.resource == "pods" and review.group == "" and review.operation == "CREATE":
-        verdict = _pod(review)
-    elif (review.group, review.resource) in (
+        return _pod(review)
+    if (review.group, review.resource) in (
         ("resource.k8s.io", "resourceclaims"),
         ("akri.sh", "instances"),
     ):
-        verdict = _owner_label(review)
-    else:
-        return True, "", ()
-    return verdict.allowed, verdict.message, verdict.warnings
+        return _owner_label(review)
+    return ALLOW
+
+
+def _record(review: Request, verdict: Verdict) -> None:
+    """Keep the refusal for the Queues page; a failure to record never changes the answer."""
+    meta = (review.obj or {}).get("metadata") or {}
+    try:
+        Refusal.objects.create(
+            at=timezone.now(),
+            operation=review.operation,
+            resource=review.resource,
+            namespace=review.namespace or str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or meta.get("generateName") or "")[:253],
+            username=review.username[:253],
+            queue=verdict.queue,
+            claim=verdict.claim[:600],
+            owner=verdict.owner,
+            rule=verdict.rule,
+            message=verdict.message,
+        )
+    except DatabaseError:
+        log.exception("webhook: refusal not recorded")
 
 
 def _pod(review: Request):
