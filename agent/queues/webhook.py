@@ -45,11 +45,17 @@ def validate(request: HttpRequest) -> JsonResponse:
     except (ValueError, UnicodeDecodeError) as exc:
         # json.JSONDecodeError and MalformedReview are ValueErrors.
         return _error(400, f"malformed AdmissionReview: {exc}")
+    verdict = admit(review)
+    return JsonResponse(response(review, verdict.allowed, verdict.message, verdict.warnings))
+
+
+def admit(review: Request) -> Verdict:
+    """The decision on a parsed review; refusals are logged and recorded."""
     verdict = decide(review)
     if not verdict.allowed:
         log.info("webhook: refused %s %s: %s", review.operation, review.resource, verdict.message)
         _record(review, verdict)
-    return JsonResponse(response(review, verdict.allowed, verdict.message, verdict.warnings))
+    return verdict
 
 
 def _error(status: int, message: str) -> JsonResponse:
