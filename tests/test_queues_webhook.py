@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 
 from agent.models import Instance
+from agent.queues import webhook
 from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 
 pytestmark = pytest.mark.django_db
@@ -60,6 +61,13 @@ POD_REVIEW = {
         "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
     },
 }
+
+
+@pytest.fixture(autouse=True)
+def fresh_world():
+    webhook.forget_world()
+    yield
+    webhook.forget_world()
 
 
 def review(**changes) -> dict:
