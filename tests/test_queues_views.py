@@ -136,3 +136,15 @@ def test_samples_past_their_retention_are_pruned(world, settings):
     kept = ChargeSample.objects.exclude(at=old).count()
     assert recompute.prune_samples() == 1
     assert ChargeSample.objects.count() == kept
+
+
+def test_a_burst_of_two_thousand_claims_recomputes_by_key(world):
+    """Keys of a debounce window after a burst: looked up in bounded chunks, not one OR."""
+    ResourceClaim.objects.bulk_create(
+        ResourceClaim(namespace=f"ns{i % 3}", name=f"c{i}", device_classes=["gpu"])
+        for i in range(2000)
+    )
+    keys = [f"resourceclaim:ns{i % 3}/c{i}" for i in range(2000)]
+    outcome = recompute.recompute(keys)
+    assert outcome.decided == 2000
+    assert Charge.objects.filter(source="unused").count() == 2000

@@ -150,24 +150,38 @@ def _split(wanted: set[str] | None) -> tuple[Any, Any]:
     return dra, akri
 
 
-def _filter_pairs(qs, pairs):
-    if pairs is None:
-        return qs
-    if not pairs:
-        return qs.none()
-    from django.db.models import Q
+CHUNK = 500
 
-    q = Q()
+
+def _by_pairs(qs, pairs, **extra) -> list:
+    """``qs`` narrowed to (namespace, name) pairs, as querysets of ``name IN`` per namespace in
+    bounded chunks: an OR of a burst's thousand pairs goes past SQLite's expression depth and
+    grows badly on PostgreSQL."""
+    if pairs is None:
+        return [qs]
+    names: dict[str, list[str]] = defaultdict(list)
     for namespace, name in pairs:
-        q |= Q(namespace=namespace, name=name)
-    return qs.filter(q)
+        names[namespace].append(name)
+    return [
+        qs.filter(namespace=namespace, name__in=chosen[i : i + CHUNK], **extra)
+        for namespace, chosen in names.items()
+        for i in range(0, len(chosen), CHUNK)
+    ]
+
+
+def _values(querysets: list, *fields: str) -> list[tuple]:
+    return [row for qs in querysets for row in qs.values_list(*fields)]
 
 
 def _dra_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
-    rows = list(
-        _filter_pairs(ResourceClaim.objects.all(), pairs).values_list(
-            "namespace", "name", "labels", "device_classes", "allocated", "reserved_for"
-        )
+    rows = _values(
+        _by_pairs(ResourceClaim.objects.all(), pairs),
+        "namespace",
+        "name",
+        "labels",
+        "device_classes",
+        "allocated",
+        "reserved_for",
     )
     uids = {r["uid"] for row in rows for r in row[5] if r.get("resource") == "pods"}
     pods = every_pod[0] if every_pod is not None else _pods_by_uid(uids)
@@ -204,13 +218,16 @@ def _pods_by_uid(uids: set[str]) -> dict[str, PodFacts]:
 
 
 def _pods_by_name(names: set[tuple[str, str]]) -> dict[tuple[str, str], PodFacts]:
-    qs = _filter_pairs(QueuePod.objects.all(), names)
-    return {(row["namespace"], row["name"]): _pod(row) for row in qs.values(*POD_FIELDS)}
+    return {
+        (row[0], row[1]): PodFacts(*row[:3], row[3] or {}, row[4] or {}, row[5], row[6])
+        for row in _values(_by_pairs(QueuePod.objects.all(), names), *POD_FIELDS)
+    }
 
 
 def _akri_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
-    instances = _filter_pairs(Instance.objects.all(), pairs)
-    rows = list(instances.values_list("id", "namespace", "name", "configuration_name"))
+    rows = _values(
+        _by_pairs(Instance.objects.all(), pairs), "id", "namespace", "name", "configuration_name"
+    )
     ids = {row[0] for row in rows}
     slots: dict[int, list[tuple]] = defaultdict(list)
     held = Slot.objects.exclude(value="").order_by("since", "index")
@@ -227,8 +244,8 @@ def _akri_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
 
 
 def _instance_labels(pairs) -> dict[tuple[str, str], dict]:
-    qs = _filter_pairs(InstanceLabels.objects.all(), pairs)
-    return {(ns, n): labels for ns, n, labels in qs.values_list("namespace", "name", "labels")}
+    rows = _values(_by_pairs(InstanceLabels.objects.all(), pairs), "namespace", "name", "labels")
+    return {(ns, n): labels for ns, n, labels in rows}
 
 
 def _akri_claim(row, slots, pods, labels, the_rules: Settings) -> ClaimFacts:
@@ -322,14 +339,15 @@ def _digest(values: dict[str, Any]) -> str:
 
 
 def _pks(wanted: dict[tuple[str, str, str], Any]) -> list[int]:
-    from django.db.models import Q
-
-    if not wanted:
-        return []
-    q = Q()
+    by_kind: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for kind, namespace, name in wanted:
-        q |= Q(kind=kind, namespace=namespace, name=name)
-    return list(Charge.objects.filter(q).values_list("pk", flat=True))
+        by_kind[kind].add((namespace, name))
+    return [
+        pk
+        for kind, pairs in by_kind.items()
+        for qs in _by_pairs(Charge.objects.all(), pairs, kind=kind)
+        for pk in qs.values_list("pk", flat=True)
+    ]
 
 
 def drop_vanished(keys: Iterable[str], decided: dict[str, ClaimCharge]) -> None:
