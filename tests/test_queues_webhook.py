@@ -184,6 +184,23 @@ def test_a_review_without_the_object_it_is_about_gets_a_400():
     assert answer.status_code == 400 and "request.object is required" in answer.json()["error"]
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"resourceClaims": ["not-an-object"]},
+        {"containers": "busybox"},
+        {"containers": [{"name": "m", "resources": {"limits": ["akri.sh/x"]}}]},
+        "not a spec",
+    ],
+)
+def test_a_pod_object_that_is_not_a_pod_gets_a_clear_400(owned_claim, spec):
+    body = review()
+    body["request"]["object"]["spec"] = spec
+    answer = post(body)
+    assert answer.status_code == 400
+    assert "request.object is not a valid object" in answer.json()["error"]
+
+
 def test_a_get_is_refused_with_405():
     assert Client().get(URL).status_code == 405
 

@@ -47,7 +47,13 @@ def validate(request: HttpRequest) -> JsonResponse:
     except (ValueError, UnicodeDecodeError) as exc:
         # json.JSONDecodeError and MalformedReview are ValueErrors.
         return _error(400, f"malformed AdmissionReview: {exc}")
-    verdict = admit(review)
+    try:
+        verdict = admit(review)
+    except (AttributeError, TypeError, ValueError) as exc:
+        # The API server sends objects its own schema accepted; this is some other caller.
+        return _error(
+            400, f"malformed AdmissionReview: request.object is not a valid object ({exc})"
+        )
     return JsonResponse(response(review, verdict.allowed, verdict.message, verdict.warnings))
 
 
@@ -149,7 +155,7 @@ def _priority(obj: dict[str, Any]) -> int | None:
 
 def joined(namespace: str, pod: dict[str, Any]) -> list[Joined]:
     """The claims and Instances a new pod would use, with their owners as the cache knows."""
-    claims = pod_claims(pod) if isinstance(pod.get("spec"), dict) else []
+    claims = pod_claims(pod)
     instances = _instances_requested(pod)
     out = [_joined(DRA, namespace, c) for c in claims]
     if instances:
@@ -160,14 +166,14 @@ def joined(namespace: str, pod: dict[str, Any]) -> list[Joined]:
 
 
 def _instances_requested(pod: dict[str, Any]) -> set[str]:
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    """Instances named by ``akri.sh/<instance>`` requests or limits of any container."""
+    spec = pod.get("spec") or {}
     names = set()
     for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        resources = container.get("resources") if isinstance(container, dict) else None
-        for part in ("requests", "limits"):
-            for key in ((resources or {}).get(part) or {}) if isinstance(resources, dict) else {}:
-                if str(key).startswith(AKRI_PREFIX):
-                    names.add(str(key)[len(AKRI_PREFIX) :])
+        resources = container.get("resources") or {}
+        for key in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}:
+            if key.startswith(AKRI_PREFIX):
+                names.add(key[len(AKRI_PREFIX) :])
     return names
 
 
