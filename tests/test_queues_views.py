@@ -148,3 +148,21 @@ def test_a_burst_of_two_thousand_claims_recomputes_by_key(world):
     outcome = recompute.recompute(keys)
     assert outcome.decided == 2000
     assert Charge.objects.filter(source="unused").count() == 2000
+
+
+def test_an_incremental_recompute_ends_where_a_full_one_does(world):
+    def rows():
+        return sorted(
+            Charge.objects.values_list("kind", "namespace", "name", "owner", "source", "digest")
+        )
+
+    b2 = QueuePod.objects.get(name="b2")
+    shared = ResourceClaim.objects.get(name="shared")
+    shared.reserved_for = shared.reserved_for + [{"resource": "pods", "name": "b2", "uid": b2.uid}]
+    shared.save()
+    ResourceClaim.objects.filter(name="idle").delete()
+    recompute.recompute(["resourceclaim:ml/shared", "resourceclaim:ml/idle"])
+    incremental = rows()
+    assert ("resourceclaim", "ml", "idle") not in {r[:3] for r in incremental}
+    recompute.recompute(None)
+    assert rows() == incremental
