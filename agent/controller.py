@@ -232,14 +232,14 @@ class Controller:
 
     def _recompute_charges(self, keys: list[str] | None) -> None:
         """Debounced charge recompute: in-process with this client when there is no broker."""
-        from agent.queues import recompute, tasks
+        from agent.queues import history, recompute, tasks
 
         if settings.CELERY_TASK_ALWAYS_EAGER:
             from agent.queues.live import publish
 
             outcome = recompute.recompute(keys, api_client=self.api_client)
             if keys is None:
-                recompute.sample()
+                history.sample()
             if outcome.written:
                 publish()
         else:

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group, User
 from django.test import override_settings
 from playwright.sync_api import expect
 
-from agent.queues import live, recompute
+from agent.queues import history, live, recompute
 from agent.queues.models import QueuePod, ResourceClaim
 from tests.browser import ARTIFACTS, REDIS_URL, BrowserLiveServerCase
 
@@ -47,7 +47,7 @@ def fill() -> None:
         reserved_for=reserved(pods[0], pods[2]),
     )  # fmt: skip
     recompute.recompute(None)
-    recompute.sample()
+    history.sample()
 
 
 @pytest.mark.browser

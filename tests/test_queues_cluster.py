@@ -15,6 +15,7 @@ from agent.controller import Controller
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
 from agent.models import Slot
+from agent.queues import facts as queue_facts
 from agent.queues import recompute
 from agent.queues.models import Charge, QueueObject, QueueSystem
 from agent.queues.watch import QueueWatch
@@ -220,7 +221,7 @@ def test_queue_objects_are_watched_once_their_crd_appears(kube, fast):
             timeout=10,
             message="the KAI Queue in the cache",
         )
-        the_world = recompute.world()
+        the_world = queue_facts.world()
         assert f"{kube.namespace}-a" in the_world.kai_queues
         assert f"{kube.namespace}-a" in the_world.opted_out
         # A queue object moves every charge: a full recompute, once the debounce has passed.

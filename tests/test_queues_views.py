@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from agent.models import AuditEntry
-from agent.queues import recompute
+from agent.queues import history, recompute
 from agent.queues.models import Charge, ChargeSample, QueuePod, ResourceClaim
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +48,7 @@ def world():
     claim("idle", [])
     claim("typo", [typo])
     recompute.recompute(None)
-    recompute.sample()
+    history.sample()
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_samples_past_their_retention_are_pruned(world, settings):
     old = timezone.now() - timedelta(hours=settings.AKRI_QUEUES["HISTORY_HOURS"] + 1)
     ChargeSample.objects.create(at=old, queue="team-a", resource="gpu", charged=1)
     kept = ChargeSample.objects.exclude(at=old).count()
-    assert recompute.prune_samples() == 1
+    assert history.prune_samples() == 1
     assert ChargeSample.objects.count() == kept
 
 

@@ -29,7 +29,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from agent.models import Instance
-from agent.queues import live, recompute, webhook
+from agent.queues import history, live, recompute, webhook
 from agent.queues.models import Charge
 from agent.queues.review import parse
 
@@ -101,7 +101,7 @@ class QueueDemo:
     def beat(self) -> None:
         try:
             outcome = recompute.recompute(None, api_client=self.api_client)
-            recompute.sample()
+            history.sample()
             if outcome.written:
                 live.publish()
         except Exception:

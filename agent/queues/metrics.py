@@ -12,10 +12,10 @@ class QueueCollector:
         return []  # registering must not touch the database
 
     def collect(self) -> Iterator[Metric]:
-        from agent.queues import recompute
+        from agent.queues import history
         from agent.queues.models import Charge
 
-        totals = recompute.queue_totals()
+        totals = history.queue_totals()
         charge = GaugeMetricFamily(
             "akri_queue_charge",
             "Devices a queue is charged for (it owns them), by resource",
@@ -45,7 +45,7 @@ class QueueCollector:
             "Accounted devices in use that no queue pays for (orphans deducted, unknown owners)",
             labels=["resource"],
         )
-        for resource, n in recompute.uncharged_by_resource().items():
+        for resource, n in history.uncharged_by_resource().items():
             uncharged.add_metric([resource], n)
         by_source = GaugeMetricFamily(
             "akri_queue_claims", "Claims by how their owner was decided", labels=["source"]

@@ -13,7 +13,8 @@ from agent.charges.facts import AKRI, DRA, PodFacts
 from agent.charges.owner import FIRST_BIND, LABEL, NO_QUEUE, ORPHAN_ATTRIBUTED, ORPHAN_DEDUCTED
 from agent.charges.preempt import preemptibility
 from agent.models import Slot
-from agent.queues import recompute
+from agent.queues import facts as queue_facts
+from agent.queues import history as charge_history
 from agent.queues.models import Charge, ChargeSample, QueuePod, QueueSystem, Refusal
 
 SOURCES = {
@@ -29,8 +30,8 @@ CHART_QUEUES = 8  # lines in a chart: the largest queues; the rest are in the ta
 
 
 def overview() -> dict[str, Any]:
-    totals = recompute.queue_totals()
-    opted = recompute.world().opted_out
+    totals = charge_history.queue_totals()
+    opted = queue_facts.world().opted_out
     for name, row in totals.items():
         row["opted_out"] = name in opted
     charges = list(Charge.objects.values("source", "charged", "uncharged", "accounted"))
@@ -40,7 +41,7 @@ def overview() -> dict[str, Any]:
     return {
         "queues": list(totals.values()),
         "charged": sum(r["charged"] for r in charges),
-        "uncharged": recompute.uncharged_by_resource(),
+        "uncharged": charge_history.uncharged_by_resource(),
         "uncharged_total": sum(r["uncharged"] for r in charges),
         "claims": len(charges),
         "not_accounted": sum(1 for r in charges if not r["accounted"]),
@@ -89,13 +90,13 @@ def charges(*, queue: str = "", source: str = "", problems: bool = False) -> lis
 
 def queue_detail(queue: str) -> dict[str, Any] | None:
     rows = charges(queue=queue)
-    total = recompute.queue_totals().get(queue)
+    total = charge_history.queue_totals().get(queue)
     if total is None and not rows:
         return None
     return {
         "queue": queue,
         "totals": total,
-        "opted_out": queue in recompute.world().opted_out,
+        "opted_out": queue in queue_facts.world().opted_out,
         "owned": [c for c in rows if c["owner"] == queue and not c["source"].startswith("orphan")],
         "of_others": [c for c in rows if c["owner"] and c["owner"] != queue],
         "orphans": [c for c in rows if c["source"].startswith("orphan")],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from agent.queues import recompute
+from agent.queues import history, recompute
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -22,7 +22,7 @@ def recompute_charges(keys: list[str] | None = None, trigger: str = "schedule") 
     finally:
         api_client.close()
     if keys is None:
-        recompute.sample()
+        history.sample()
     if outcome.written:
         from agent.queues.live import publish
 
@@ -32,4 +32,4 @@ def recompute_charges(keys: list[str] | None = None, trigger: str = "schedule") 
 
 @shared_task(ignore_result=True)
 def prune_charge_samples() -> int:
-    return recompute.prune_samples()
+    return history.prune_samples()

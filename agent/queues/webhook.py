@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from agent.charges.admission import ALLOW, Joined, Verdict, admit_owner_label, admit_pod
 from agent.charges.facts import AKRI, DRA, PodFacts, QueueWorld
 from agent.models import Instance
-from agent.queues import recompute
+from agent.queues import facts as queue_facts
 from agent.queues.cache import pod_claims
 from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 from agent.queues.review import Request, parse, response
@@ -116,7 +116,7 @@ def _pod(review: Request):
         _priority(obj),
         str(meta.get("creationTimestamp") or ""),
     )
-    return admit_pod(pod, joined(namespace, obj), _world(), recompute.rules())
+    return admit_pod(pod, joined(namespace, obj), _world(), queue_facts.rules())
 
 
 # The queue systems' objects change rarely and reading them all took half of each review
@@ -140,7 +140,7 @@ def _world() -> QueueWorld:
         return cached[1]
     with _world_lock:
         if _world_cache is None or now - _world_cache[0] >= WORLD_SECONDS:
-            _world_cache = (time.monotonic(), recompute.world())
+            _world_cache = (time.monotonic(), queue_facts.world())
         return _world_cache[1]
 
 
