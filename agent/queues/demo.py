@@ -75,6 +75,8 @@ class QueueDemo:
     def start(self) -> QueueDemo:
         conf = settings.AKRI_QUEUES
         conf["OPT_OUT"] = sorted({*conf["OPT_OUT"], OPTED_OUT})
+        # A demo lasts minutes: sample every beat, so that the chart moves while one watches.
+        conf["SAMPLE_SECONDS"] = min(float(conf["SAMPLE_SECONDS"]), self.interval)
         self.cluster.admission = self.admission
         self._thread = threading.Thread(target=self._run, name="queue-demo", daemon=True)
         self._thread.start()

@@ -6,9 +6,9 @@ from akri_site.dashboard.forms import _RangeMixin
 
 
 class QueueRangeForm(_RangeMixin):
-    """The Queues pages' time range (the charts); the last 6 hours by default."""
+    """The Queues pages' time range (the charts); the last hour by default."""
 
-    default_range = "6h"
+    default_range = "1h"
 
 
 class EvictForm(forms.Form):
