@@ -226,6 +226,16 @@ def test_queue_objects_are_watched_once_their_crd_appears(kube, fast):
         assert f"{kube.namespace}-a" in the_world.opted_out
         # A queue object moves every charge: a full recompute, once the debounce has passed.
         kube.wait_for(lambda: None in fired, message="a full recompute asked for")
+
+        ext.delete_custom_resource_definition(KAI_CRD["metadata"]["name"])
+        kube.wait_for(
+            lambda: (
+                QueueSystem.objects.filter(kind="kai-queue", present=False).exists()
+                and not QueueObject.objects.filter(kind="kai-queue").exists()
+            ),
+            timeout=60,
+            message="the KAI queues dropped once their CRD is gone",
+        )
     finally:
         watch.stop()
         with contextlib.suppress(ApiException):
@@ -287,3 +297,16 @@ def client_as_operator(client):
     user.groups.add(Group.objects.get(name="operator"))
     client.force_login(user)
     return client
+
+
+def test_the_celery_task_recomputes_writes_labels_and_samples(kube, fast, settings):
+    from agent.queues import cache, tasks
+    from agent.queues.models import ChargeSample
+
+    settings.AKRI = {**settings.AKRI, "KUBECONFIG": kube.kubeconfig}
+    api, pod = akri_world(kube, kube.new_client())
+    cache.apply_pod("ADDED", client.ApiClient().sanitize_for_serialization(pod))
+    decided = tasks.recompute_charges.apply(kwargs={"trigger": "schedule"}).get()
+    assert decided >= 1
+    assert api.get_instance("cam-aaaaaa")["metadata"]["labels"] == {LABEL: "team-a"}
+    assert ChargeSample.objects.filter(queue="team-a", resource="cam", charged=1).exists()
