@@ -310,3 +310,23 @@ def test_the_celery_task_recomputes_writes_labels_and_samples(kube, fast, settin
     assert decided >= 1
     assert api.get_instance("cam-aaaaaa")["metadata"]["labels"] == {LABEL: "team-a"}
     assert ChargeSample.objects.filter(queue="team-a", resource="cam", charged=1).exists()
+
+
+def test_the_controller_labels_an_instance_when_its_slot_holders_pod_appears(kube, controller):
+    api = AkriApi(kube.api_client, kube.namespace)
+    api.create_instance(held_instance("cam-cccccc", "cam", holders=1))
+    kube.wait_for(lambda: Slot.objects.filter(key="cam-cccccc-0", value="node-a").exists())
+    # What the node agent's slot-to-pod map shows once PodResources names the pod.
+    Slot.objects.filter(key="cam-cccccc-0").update(pod_namespace=kube.namespace, pod_name="cam-pod")
+    create_pod(kube, pod_body("cam-pod", "team-a", resource="akri.sh/cam-cccccc"))
+    kube.wait_for(
+        lambda: (
+            (api.get_instance("cam-cccccc")["metadata"].get("labels") or {}).get(LABEL) == "team-a"
+        ),
+        timeout=10,
+        message="the owner label written after the pod event",
+    )
+    row = kube.wait_for(
+        lambda: Charge.objects.filter(name="cam-cccccc", source="label").first(), timeout=10
+    )
+    assert (row.owner, row.charged) == ("team-a", 1)
