@@ -32,6 +32,7 @@ KEYS = {
     "sweep": {"duration_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
+    "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
     "charges": {"full_ms", "incremental_p95_ms"},
     "webhook": {"p99_ms"},
 }
@@ -67,3 +68,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert math.isfinite(value) and value >= 0, last
     if name == "contention":
         assert figures["double_holders"] == "0", last
+    if name == "scale":
+        assert figures["dropped"] == "0", last
