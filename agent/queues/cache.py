@@ -210,11 +210,20 @@ def replace_pods(items: list[dict[str, Any]]) -> Keys:
 
 
 # --- Instances -----------------------------------------------------------------------------
-def apply_instance_labels(namespace: str, name: str, obj: dict[str, Any] | None) -> Keys:
-    if obj is None:
-        InstanceLabels.objects.filter(namespace=namespace, name=name).delete()
-    else:
-        InstanceLabels.objects.update_or_create(
-            namespace=namespace, name=name, defaults={"labels": _meta(obj).get("labels") or {}}
-        )
-    return {claim_key(AKRI, namespace, name)}
+def store_instance_labels(changes: dict[tuple[str, str], dict[str, str] | None]) -> None:
+    """Instances' labels as last seen (None: deleted). Only labelled Instances keep a row."""
+    keep = {key: labels for key, labels in changes.items() if labels}
+    gone: dict[str, list[str]] = {}
+    for (namespace, name), labels in changes.items():
+        if not labels:
+            gone.setdefault(namespace, []).append(name)
+    with transaction.atomic():
+        for namespace, names in gone.items():
+            for i in range(0, len(names), 500):
+                InstanceLabels.objects.filter(
+                    namespace=namespace, name__in=names[i : i + 500]
+                ).delete()
+        for (namespace, name), labels in keep.items():
+            InstanceLabels.objects.update_or_create(
+                namespace=namespace, name=name, defaults={"labels": labels}
+            )

@@ -220,7 +220,13 @@ def _akri_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
     names = {(s[2], s[3]) for rows_ in slots.values() for s in rows_ if s[3]}
     pods = every_pod[1] if every_pod is not None else _pods_by_name(names)
     labels = _instance_labels(pairs)
-    return [_akri_claim(row, slots.get(row[0], []), pods, labels, the_rules) for row in rows]
+    # An Instance that holds nothing and names no owner has nothing to charge or show; leaving
+    # it out keeps a large cluster's free Instances out of every pass.
+    return [
+        _akri_claim(row, slots.get(row[0], []), pods, labels, the_rules)
+        for row in rows
+        if row[0] in slots or (row[1], row[2]) in labels
+    ]
 
 
 def _instance_labels(pairs) -> dict[tuple[str, str], dict]:

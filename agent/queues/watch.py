@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
+from agent.charges.facts import AKRI, claim_key
 from agent.kube.watch import ResourceWatcher
 from agent.queues import cache
 from agent.queues.kinds import ALL_KINDS, DEVICE_CLASSES, RESOURCE_CLAIMS, Watched
@@ -89,7 +90,12 @@ class QueueWatch:
         self.custom = client.CustomObjectsApi(api_client)
         conf = settings.AKRI_QUEUES
         self.recheck = float(conf["CRD_RECHECK_SECONDS"])
-        self.debouncer = Debouncer(fire or enqueue_recompute, float(conf["DEBOUNCE_SECONDS"]))
+        self._fire = fire or enqueue_recompute
+        self.debouncer = Debouncer(self._flush_then_fire, float(conf["DEBOUNCE_SECONDS"]))
+        # Instance labels seen since the last flush: written in bulk off the cache's applier
+        # thread (a relist of 40,000 Instances must not mean 40,000 row writes inline).
+        self._labels: dict[tuple[str, str], dict[str, str] | None] = {}
+        self._labels_lock = threading.Lock()
         self.timeout_seconds = timeout_seconds
         self._watchers: dict[str, ResourceWatcher] = {}
         self._threads: list[threading.Thread] = []
@@ -134,10 +140,20 @@ class QueueWatch:
         self.debouncer.mark(cache.replace_pods(items))
 
     def instance_changed(self, namespace: str, name: str, obj: dict[str, Any] | None) -> None:
-        if name:
-            self.debouncer.mark(cache.apply_instance_labels(namespace, name, obj))
-        else:
+        if not name:
             self.debouncer.mark(None)  # a relist: every Instance may have changed
+            return
+        labels = None if obj is None else ((obj.get("metadata") or {}).get("labels") or {})
+        with self._labels_lock:
+            self._labels[(namespace, name)] = labels
+        self.debouncer.mark({claim_key(AKRI, namespace, name)})
+
+    def _flush_then_fire(self, keys: list[str] | None) -> None:
+        with self._labels_lock:
+            labels, self._labels = self._labels, {}
+        if labels:
+            cache.store_instance_labels(labels)
+        self._fire(keys)
 
     # --- probing and watching ---------------------------------------------------------------
     def _supervise(self) -> None:
