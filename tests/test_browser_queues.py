@@ -111,7 +111,7 @@ class QueuesPageInBrowserTests(BrowserLiveServerCase):
             allocated=1, reserved_for=[{"resource": "pods", "name": "b2", "uid": b2.uid}],
         )  # fmt: skip
         recompute.recompute(None)
-        live.publish()
+        live.publish_now()
 
         expect(cell).to_have_text("2")
         expect(page.locator('tr[data-queue="team-a"] [data-field="total"]')).to_have_text("2")

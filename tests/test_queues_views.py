@@ -166,3 +166,23 @@ def test_an_incremental_recompute_ends_where_a_full_one_does(world):
     assert ("resourceclaim", "ml", "idle") not in {r[:3] for r in incremental}
     recompute.recompute(None)
     assert rows() == incremental
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_publishes_sends_one_now_and_one_at_the_window_end(monkeypatch):
+    import time
+
+    from agent.queues import live
+
+    sent: list[float] = []
+    monkeypatch.setattr(live, "publish_now", lambda: sent.append(time.monotonic()))
+    monkeypatch.setattr(live, "_last_published", 0.0)
+    monkeypatch.setattr(live, "PUBLISH_SECONDS", 0.2)
+    started = time.monotonic()
+    for _ in range(5):
+        live.publish()
+    assert len(sent) == 1
+    deadline = time.monotonic() + 5
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sent) == 2 and sent[1] - started >= 0.2

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,6 +18,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
+from django.db import close_old_connections
 from django.utils import timezone
 
 from akri_site.dashboard.access import can_view
@@ -41,7 +44,46 @@ def snapshot() -> dict[str, Any]:
     }
 
 
+# Totals are read over every charge row: at most one update per window, the last one always
+# sent (a burst of recomputes costs one read, not one per debounced batch).
+PUBLISH_SECONDS = 2.0
+_publish_lock = threading.Lock()
+_last_published = 0.0
+_trailing: threading.Timer | None = None
+
+
 def publish() -> None:
+    """Send the current totals soon: now if none went out this window, else at its end."""
+    global _trailing
+    with _publish_lock:
+        wait = _last_published + PUBLISH_SECONDS - time.monotonic()
+        if wait > 0:
+            if _trailing is None:
+                _trailing = threading.Timer(wait, _publish_trailing)
+                _trailing.daemon = True
+                _trailing.start()
+            return
+        _mark_published()
+    publish_now()
+
+
+def _mark_published() -> None:
+    global _last_published
+    _last_published = time.monotonic()
+
+
+def _publish_trailing() -> None:
+    global _trailing
+    with _publish_lock:
+        _trailing = None
+        _mark_published()
+    try:
+        publish_now()
+    finally:
+        close_old_connections()
+
+
+def publish_now() -> None:
     try:
         layer = get_channel_layer()
         if layer is None:
