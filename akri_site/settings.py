@@ -186,6 +186,8 @@ AKRI_QUEUES = {
         "AKRI_QUEUE_LABEL_WRITERS", ["system:serviceaccount:akri-site:akri-site"]
     ),
     "DEBOUNCE_SECONDS": env.number("AKRI_QUEUE_DEBOUNCE_SECONDS", 0.5, minimum=0.01),
+    # Least seconds between two full recomputes asked for by watch events (relists, queues).
+    "FULL_MIN_SECONDS": env.number("AKRI_QUEUE_FULL_MIN_SECONDS", 10.0, minimum=0),
     "RECOMPUTE_SECONDS": env.number("AKRI_QUEUE_RECOMPUTE_SECONDS", 30.0, minimum=1),
     "SAMPLE_SECONDS": env.number("AKRI_QUEUE_SAMPLE_SECONDS", 60.0, minimum=1),
     "HISTORY_HOURS": env.number("AKRI_QUEUE_HISTORY_HOURS", 168.0, minimum=0.01),

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 
 from agent.charges.facts import AKRI, DRA, ClaimFacts, PodFacts, QueueWorld, Settings
 from agent.models import Instance, Slot
@@ -205,28 +206,37 @@ def _pods_by_name(names: set[tuple[str, str]]) -> dict[tuple[str, str], PodFacts
 
 
 def _akri_facts(pairs, the_rules: Settings, every_pod) -> list[ClaimFacts]:
-    rows = _values(
-        by_pairs(Instance.objects.all(), pairs), "id", "namespace", "name", "configuration_name"
-    )
-    ids = {row[0] for row in rows}
-    slots: dict[int, list[tuple]] = defaultdict(list)
     held = Slot.objects.exclude(value="").order_by("since", "index")
     if pairs is not None:
+        ids = {row[0] for row in _values(by_pairs(Instance.objects.all(), pairs), "id")}
         held = held.filter(instance_id__in=ids)
+    slots: dict[int, list[tuple]] = defaultdict(list)
     for slot in held.values_list(
         "instance_id", "key", "holder_node", "pod_namespace", "pod_name", "pod_uid"
     ):
         slots[slot[0]].append(slot[1:])
+    labels = _instance_labels(pairs)
+    # An Instance that holds nothing and names no owner has nothing to charge or show: only
+    # the others are read (a large cluster's free Instances stay out of every pass).
+    in_use = Slot.objects.exclude(value="").values("instance_id")
+    if pairs is not None:
+        in_use = in_use.filter(instance_id__in=ids)
+    wanted = Instance.objects.filter(Q(pk__in=in_use) | _named(labels))
+    rows = wanted.values_list("id", "namespace", "name", "configuration_name")
     names = {(s[2], s[3]) for rows_ in slots.values() for s in rows_ if s[3]}
     pods = every_pod[1] if every_pod is not None else _pods_by_name(names)
-    labels = _instance_labels(pairs)
-    # An Instance that holds nothing and names no owner has nothing to charge or show; leaving
-    # it out keeps a large cluster's free Instances out of every pass.
-    return [
-        _akri_claim(row, slots.get(row[0], []), pods, labels, the_rules)
-        for row in rows
-        if row[0] in slots or (row[1], row[2]) in labels
-    ]
+    return [_akri_claim(row, slots.get(row[0], []), pods, labels, the_rules) for row in rows]
+
+
+def _named(labels: dict[tuple[str, str], dict]) -> Q:
+    """Instances with an owner label row, by namespace (a handful: labels are written once)."""
+    by_namespace: dict[str, list[str]] = defaultdict(list)
+    for namespace, name in labels:
+        by_namespace[namespace].append(name)
+    q = Q(pk__in=[])
+    for namespace, names in by_namespace.items():
+        q |= Q(namespace=namespace, name__in=names)
+    return q
 
 
 def _instance_labels(pairs) -> dict[tuple[str, str], dict]:

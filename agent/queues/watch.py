@@ -34,14 +34,22 @@ Keys = set[str] | None
 
 
 class Debouncer:
-    """Collects claim keys (None: everything) and calls ``fire(keys)`` once per window."""
+    """Collects claim keys (None: everything) and calls ``fire(keys)`` once per window.
 
-    def __init__(self, fire: Callable[[list[str] | None], None], seconds: float) -> None:
-        self.fire, self.seconds = fire, seconds
+    A full recompute reads every claim and pod: a burst of relists at start-up asks for one
+    per watched kind. At most one runs per ``full_every`` seconds; keys marked meanwhile are
+    recomputed on their own, and the full one follows at the end of the interval.
+    """
+
+    def __init__(
+        self, fire: Callable[[list[str] | None], None], seconds: float, full_every: float = 0.0
+    ) -> None:
+        self.fire, self.seconds, self.full_every = fire, seconds, full_every
         self._lock = threading.Lock()
         self._keys: set[str] = set()
         self._full = False
         self._timer: threading.Timer | None = None
+        self._last_full = float("-inf")
 
     def mark(self, keys: Keys) -> None:
         with self._lock:
@@ -49,23 +57,35 @@ class Debouncer:
                 self._full = True
             else:
                 self._keys |= keys
-            if self._timer is None and (self._full or self._keys):
-                self._timer = threading.Timer(self.seconds, self._flush)
-                self._timer.daemon = True
-                self._timer.start()
+            self._arm(self.seconds)
+
+    def _arm(self, delay: float) -> None:
+        """Under the lock."""
+        if self._timer is None and (self._full or self._keys):
+            self._timer = threading.Timer(delay, self._flush)
+            self._timer.daemon = True
+            self._timer.start()
 
     def flush(self) -> None:
         """Fire now whatever is pending (tests, shutdown)."""
         with self._lock:
             timer, self._timer = self._timer, None
+            self._last_full = float("-inf")
         if timer is not None:
             timer.cancel()
         self._flush()
 
     def _flush(self) -> None:
         with self._lock:
-            keys = None if self._full else sorted(self._keys)
-            self._keys, self._full, self._timer = set(), False, None
+            self._timer = None
+            wait = self._last_full + self.full_every - time.monotonic()
+            if self._full and wait <= 0:
+                keys, self._full, self._last_full = None, False, time.monotonic()
+            else:
+                keys = sorted(self._keys)
+            self._keys = set()
+            if self._full:
+                self._arm(max(wait, self.seconds))  # the full one, later
         if keys is None or keys:
             try:
                 self.fire(keys)
@@ -91,7 +111,11 @@ class QueueWatch:
         conf = settings.AKRI_QUEUES
         self.recheck = float(conf["CRD_RECHECK_SECONDS"])
         self._fire = fire or enqueue_recompute
-        self.debouncer = Debouncer(self._flush_then_fire, float(conf["DEBOUNCE_SECONDS"]))
+        self.debouncer = Debouncer(
+            self._flush_then_fire,
+            float(conf["DEBOUNCE_SECONDS"]),
+            full_every=float(conf["FULL_MIN_SECONDS"]),
+        )
         # Instance labels seen since the last flush: written in bulk off the cache's applier
         # thread (a relist of 40,000 Instances must not mean 40,000 row writes inline).
         self._labels: dict[tuple[str, str], dict[str, str] | None] = {}
