@@ -67,6 +67,15 @@ def publish() -> None:
     publish_now()
 
 
+def cancel_pending() -> None:
+    """Drop a trailing update not sent yet (the process, or a test, is stopping)."""
+    global _trailing
+    with _publish_lock:
+        if _trailing is not None:
+            _trailing.cancel()
+            _trailing = None
+
+
 def _mark_published() -> None:
     global _last_published
     _last_published = time.monotonic()

@@ -109,13 +109,19 @@ def _pks(wanted: dict[tuple[str, str, str], Any]) -> list[int]:
 
 
 def drop_vanished(keys: Iterable[str], decided: dict[str, ClaimCharge]) -> None:
-    """Named claims the cache no longer has: their charge rows go."""
-    for key in keys:
-        if key in decided:
-            continue
+    """Named claims with nothing to charge or show any more (gone, or an Instance freed):
+    their rows go, in one transaction (one write per claim would hold the cache's writers)."""
+    gone = [key for key in keys if key not in decided]
+    if not gone:
+        return
+    wanted = {}
+    for key in gone:
         kind, _, rest = key.partition(":")
         namespace, _, name = rest.partition("/")
-        Charge.objects.filter(kind=kind, namespace=namespace, name=name).delete()
+        wanted[(kind, namespace, name)] = None
+    pks = _pks(wanted)
+    if pks:
+        Charge.objects.filter(pk__in=pks).delete()
 
 
 @dataclass
@@ -149,7 +155,8 @@ def recompute(
                     outcome.labels_adopted += 1
                 elif what != "present":
                     outcome.label_errors.append(what)
-    if keys is not None:
-        drop_vanished(keys, decided)
-    outcome.written = store(decided, full=keys is None)
+    with transaction.atomic():
+        if keys is not None:
+            drop_vanished(keys, decided)
+        outcome.written = store(decided, full=keys is None)
     return outcome

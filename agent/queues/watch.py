@@ -141,6 +141,9 @@ class QueueWatch:
         for thread in self._threads:
             thread.join(timeout=5)
         self.debouncer.flush()
+        from agent.queues.live import cancel_pending
+
+        cancel_pending()
 
     def present(self, kind: str) -> bool:
         with self._lock:
