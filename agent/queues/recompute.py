@@ -63,8 +63,11 @@ def _row_values(charge: ClaimCharge) -> dict[str, Any]:
     }
 
 
-def store(charges: dict[str, ClaimCharge], *, full: bool) -> int:
-    """Write changed Charge rows (and drop rows of vanished claims on a full pass); how many."""
+def store(charges: dict[str, ClaimCharge], *, full: bool, gone: Iterable[str] = ()) -> int:
+    """Write changed Charge rows, drop the rows of ``gone`` claims (and, on a full pass, of
+    every claim not decided); how many rows changed. Reads first, then one short write
+    transaction: on SQLite a transaction holds the only write lock, which the cache's own
+    writers wait for."""
     wanted = {(c.kind, c.namespace, c.name): _row_values(c) for c in charges.values()}
     existing = Charge.objects.all()
     if not full:
@@ -84,12 +87,24 @@ def store(charges: dict[str, ClaimCharge], *, full: bool) -> int:
             create.append(Charge(kind=key[0], namespace=key[1], name=key[2], **values))
         elif found[1] != values["digest"]:
             update.append(Charge(pk=found[0], updated_at=now, **values))
+    drop = [pk for pk, _ in rows.values()] if full else _pks(_parse_keys(gone))
+    if not (create or update or drop):
+        return 0
     with transaction.atomic():
         Charge.objects.bulk_create(create, batch_size=500)
         Charge.objects.bulk_update(update, [*CHARGE_FIELDS, "digest", "updated_at"], batch_size=500)
-        if full and rows:
-            Charge.objects.filter(pk__in=[pk for pk, _ in rows.values()]).delete()
-    return len(create) + len(update) + (len(rows) if full else 0)
+        for i in range(0, len(drop), 500):
+            Charge.objects.filter(pk__in=drop[i : i + 500]).delete()
+    return len(create) + len(update) + len(drop)
+
+
+def _parse_keys(keys: Iterable[str]) -> dict[tuple[str, str, str], None]:
+    out = {}
+    for key in keys:
+        kind, _, rest = key.partition(":")
+        namespace, _, name = rest.partition("/")
+        out[(kind, namespace, name)] = None
+    return out
 
 
 def _digest(values: dict[str, Any]) -> str:
@@ -106,22 +121,6 @@ def _pks(wanted: dict[tuple[str, str, str], Any]) -> list[int]:
         for qs in by_pairs(Charge.objects.all(), pairs, kind=kind)
         for pk in qs.values_list("pk", flat=True)
     ]
-
-
-def drop_vanished(keys: Iterable[str], decided: dict[str, ClaimCharge]) -> None:
-    """Named claims with nothing to charge or show any more (gone, or an Instance freed):
-    their rows go, in one transaction (one write per claim would hold the cache's writers)."""
-    gone = [key for key in keys if key not in decided]
-    if not gone:
-        return
-    wanted = {}
-    for key in gone:
-        kind, _, rest = key.partition(":")
-        namespace, _, name = rest.partition("/")
-        wanted[(kind, namespace, name)] = None
-    pks = _pks(wanted)
-    if pks:
-        Charge.objects.filter(pk__in=pks).delete()
 
 
 @dataclass
@@ -155,8 +154,7 @@ def recompute(
                     outcome.labels_adopted += 1
                 elif what != "present":
                     outcome.label_errors.append(what)
-    with transaction.atomic():
-        if keys is not None:
-            drop_vanished(keys, decided)
-        outcome.written = store(decided, full=keys is None)
+    # Named claims with nothing to charge or show any more (gone, or an Instance freed).
+    gone = [key for key in keys if key not in decided] if keys is not None else []
+    outcome.written = store(decided, full=keys is None, gone=gone)
     return outcome
