@@ -52,32 +52,27 @@ def sample(now: datetime | None = None) -> int:
 
 
 def current_charges() -> list[ClaimCharge]:
-    """The stored decisions, as the domain's objects (for totals)."""
-
-    out = []
-    for row in Charge.objects.all():
-        out.append(
-            ClaimCharge(
-                key=f"{row.kind}:{row.namespace}/{row.name}",
-                kind=row.kind,
-                namespace=row.namespace,
-                name=row.name,
-                resource=row.resource,
-                amount=row.amount,
-                accounted=row.accounted,
-                owner=row.owner or None,
-                source=row.source,
-                charged=row.charged,
-                uncharged=row.uncharged,
-                users=tuple(
-                    UserView(u["pod"], u.get("uid", ""), u.get("queue") or None, u.get("why", ""))
-                    for u in row.users
-                ),
-                problems=tuple(row.problems),
-                why=row.why,
-            )
+    """The stored decisions, as much of the domain's objects as totals read: no pod lists,
+    problems or reasons (a large cluster's rows are read whole on every live update)."""
+    fields = ("kind", "namespace", "name", "resource", "amount", "accounted", "owner")
+    rows = Charge.objects.values_list(*fields, "source", "charged", "uncharged", "queues")
+    return [
+        ClaimCharge(
+            key=f"{kind}:{namespace}/{name}",
+            kind=kind,
+            namespace=namespace,
+            name=name,
+            resource=resource,
+            amount=amount,
+            accounted=accounted,
+            owner=owner or None,
+            source=source,
+            charged=charged,
+            uncharged=uncharged,
+            users=tuple(UserView("", "", queue, "") for queue in queues),
         )
-    return out
+        for kind, namespace, name, resource, amount, accounted, owner, source, charged, uncharged, queues in rows  # noqa: E501
+    ]
 
 
 def queue_totals() -> dict[str, dict[str, Any]]:

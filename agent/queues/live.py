@@ -45,8 +45,8 @@ def snapshot() -> dict[str, Any]:
 
 
 # Totals are read over every charge row: at most one update per window, the last one always
-# sent (a burst of recomputes costs one read, not one per debounced batch).
-PUBLISH_SECONDS = 2.0
+# sent (a burst of recomputes costs one read, not one per debounced batch; bench ``scale``).
+PUBLISH_SECONDS = 5.0
 _publish_lock = threading.Lock()
 _last_published = 0.0
 _trailing: threading.Timer | None = None
