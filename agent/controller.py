@@ -25,6 +25,8 @@ from agent.models import Node, Pod
 log = logging.getLogger(__name__)
 
 AKRI_PREFIX = "akri.sh/"
+# Queued cache changes above which the in-process charge recompute waits (no broker).
+CHARGES_YIELD_BACKLOG = 20
 
 
 def pod_resources(pod: dict[str, Any]) -> dict[str, int]:
@@ -271,6 +273,11 @@ class Controller:
 
         if settings.CELERY_TASK_ALWAYS_EAGER:
             from agent.queues.live import publish
+
+            if self.sync.backlog() > CHARGES_YIELD_BACKLOG and self.queues is not None:
+                # In-process accounting yields to the cache it reads: try again next window.
+                self.queues.debouncer.mark(None if keys is None else set(keys))
+                return
 
             outcome = recompute.recompute(keys, api_client=self.api_client)
             if keys is None:
