@@ -8,7 +8,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", prom.metrics, name="metrics"),
     path("admin/", admin.site.urls),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("akri_site.dashboard.accounts")),
     path("api/", include("akri_site.dashboard.api")),
     # Queue charges: the admission webhook (no session, no CSRF), the Queues pages and API.
     path("webhooks/", include("agent.queues.urls")),

@@ -18,6 +18,7 @@ This thread also plays Celery beat for charges: a full recompute and a sample ev
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -77,6 +78,9 @@ class QueueDemo:
         conf["OPT_OUT"] = sorted({*conf["OPT_OUT"], OPTED_OUT})
         # A demo lasts minutes: sample every beat, so that the chart moves while one watches.
         conf["SAMPLE_SECONDS"] = min(float(conf["SAMPLE_SECONDS"]), self.interval)
+        # The web workers are processes started after this: they read the same settings.
+        os.environ["AKRI_QUEUE_OPT_OUT"] = ",".join(conf["OPT_OUT"])
+        os.environ["AKRI_QUEUE_SAMPLE_SECONDS"] = str(conf["SAMPLE_SECONDS"])
         self.cluster.admission = self.admission
         self._thread = threading.Thread(target=self._run, name="queue-demo", daemon=True)
         self._thread.start()
