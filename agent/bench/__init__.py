@@ -81,6 +81,7 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "agent.bench.extender",
         "bench_schedule_storm",
         "500 pods asking unique CL devices, room for 300: admission errors, overbooking",
+    ),
     # Queue charges (agent/queues).
     "charges": (
         "agent.queues.bench",
