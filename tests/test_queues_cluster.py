@@ -38,6 +38,7 @@ def fast(settings):
         **settings.AKRI_QUEUES,
         "DEBOUNCE_SECONDS": 0.05,
         "CRD_RECHECK_SECONDS": 0.2,
+        "FULL_MIN_SECONDS": 0.5,
     }
     return settings
 

@@ -186,3 +186,28 @@ def test_a_burst_of_publishes_sends_one_now_and_one_at_the_window_end(monkeypatc
     while len(sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(sent) == 2 and sent[1] - started >= 0.2
+
+
+def test_keys_keep_their_short_window_while_a_full_recompute_waits():
+    import threading
+
+    from agent.queues.watch import Debouncer
+
+    fired: list = []
+    done = threading.Event()
+
+    def fire(keys):
+        fired.append(keys)
+        if keys == ["k"]:
+            done.set()
+
+    debouncer = Debouncer(fire, 0.01, full_every=60)
+    debouncer.mark(None)
+    deadline = threading.Event()
+    deadline.wait(0.1)
+    debouncer.mark(None)  # within the minute: postponed
+    debouncer.mark({"k"})
+    assert done.wait(5), fired
+    assert fired == [None, ["k"]]
+    debouncer.flush()  # the postponed full one, now
+    assert fired[-1] is None

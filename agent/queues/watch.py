@@ -37,8 +37,8 @@ class Debouncer:
     """Collects claim keys (None: everything) and calls ``fire(keys)`` once per window.
 
     A full recompute reads every claim and pod: a burst of relists at start-up asks for one
-    per watched kind. At most one runs per ``full_every`` seconds; keys marked meanwhile are
-    recomputed on their own, and the full one follows at the end of the interval.
+    per watched kind. At most one runs per ``full_every`` seconds; one asked for sooner waits
+    on a timer of its own, while marked keys keep their short window.
     """
 
     def __init__(
@@ -49,43 +49,54 @@ class Debouncer:
         self._keys: set[str] = set()
         self._full = False
         self._timer: threading.Timer | None = None
+        self._full_timer: threading.Timer | None = None
         self._last_full = float("-inf")
 
     def mark(self, keys: Keys) -> None:
         with self._lock:
             if keys is None:
+                wait = self._last_full + self.full_every - time.monotonic()
+                if wait > 0:
+                    if self._full_timer is None:
+                        self._full_timer = threading.Timer(wait, self._full_due)
+                        self._full_timer.daemon = True
+                        self._full_timer.start()
+                    return
                 self._full = True
             else:
                 self._keys |= keys
-            self._arm(self.seconds)
+            self._arm()
 
-    def _arm(self, delay: float) -> None:
+    def _full_due(self) -> None:
+        with self._lock:
+            self._full_timer = None
+            self._full = True
+            self._arm()
+
+    def _arm(self) -> None:
         """Under the lock."""
         if self._timer is None and (self._full or self._keys):
-            self._timer = threading.Timer(delay, self._flush)
+            self._timer = threading.Timer(self.seconds, self._flush)
             self._timer.daemon = True
             self._timer.start()
 
     def flush(self) -> None:
         """Fire now whatever is pending (tests, shutdown)."""
         with self._lock:
-            timer, self._timer = self._timer, None
-            self._last_full = float("-inf")
-        if timer is not None:
-            timer.cancel()
+            timers = [self._timer, self._full_timer]
+            self._full = self._full or self._full_timer is not None
+            self._timer = self._full_timer = None
+        for timer in timers:
+            if timer is not None:
+                timer.cancel()
         self._flush()
 
     def _flush(self) -> None:
         with self._lock:
-            self._timer = None
-            wait = self._last_full + self.full_every - time.monotonic()
-            if self._full and wait <= 0:
-                keys, self._full, self._last_full = None, False, time.monotonic()
-            else:
-                keys = sorted(self._keys)
-            self._keys = set()
+            keys = None if self._full else sorted(self._keys)
             if self._full:
-                self._arm(max(wait, self.seconds))  # the full one, later
+                self._last_full = time.monotonic()
+            self._keys, self._full, self._timer = set(), False, None
         if keys is None or keys:
             try:
                 self.fire(keys)
