@@ -136,6 +136,7 @@ class QueueWatch:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._probed = threading.Event()
 
     def start(self) -> QueueWatch:
         thread = threading.Thread(target=self._supervise, name="queues-probe", daemon=True)
@@ -155,6 +156,10 @@ class QueueWatch:
         from agent.queues.live import cancel_pending
 
         cancel_pending()
+
+    def wait_probed(self, timeout: float = 10.0) -> bool:
+        """Until every kind has been probed once (tests that record the calls made)."""
+        return self._probed.wait(timeout)
 
     def present(self, kind: str) -> bool:
         with self._lock:
@@ -199,6 +204,7 @@ class QueueWatch:
             for watched in ALL_KINDS:
                 if not self.present(watched.kind) and not self._stopping.is_set():
                     self._probe(watched)
+            self._probed.set()
             close_old_connections()
             self._stopping.wait(self.recheck)
 
