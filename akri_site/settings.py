@@ -254,6 +254,8 @@ AKRI = {
     "NODE_GONE_GRACE_SECONDS": env.number("AKRI_NODE_GONE_GRACE_SECONDS", 60.0, minimum=0),
     # Cache data older than this (no watch progress) is shown as stale.
     "STALE_SECONDS": env.number("AKRI_STALE_SECONDS", 90.0, minimum=1),
+    # The dashboard calls a slot held longer than this "held long" (stuck, issue 17).
+    "STUCK_AFTER_HOURS": env.number("AKRI_STUCK_AFTER_HOURS", 24.0, minimum=0.01),
     # Watch streams end and restart this often, so a quiet cluster still shows progress.
     "WATCH_TIMEOUT_SECONDS": env.integer("AKRI_WATCH_TIMEOUT_SECONDS", 55, minimum=1, maximum=3600),
     # Hours a reconciliation run that changed nothing stays in the history. Runs that released,
