@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "channels",
     "csp",
     "rest_framework",
+    "rest_framework.authtoken",  # per-user tokens for the JSON API (issue 17)
     "django_filters",
     "drf_spectacular",
     "agent",
