@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -92,6 +92,13 @@ class StuckRules:
     mapped_nodes: frozenset[str]
     # (namespace, slot key) of the slots with a conflict event in the last CONFLICT_WINDOW.
     conflicted: frozenset[tuple[str, str]]
+    # The cut-offs as the slot dicts write times, made once: the map checks thousands of slots.
+    grace_iso: str = field(init=False)
+    old_iso: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grace_iso", iso(self.grace_before))
+        object.__setattr__(self, "old_iso", iso(self.old_before))
 
     @classmethod
     def at(cls, now: datetime | None = None) -> StuckRules:
@@ -111,14 +118,14 @@ class StuckRules:
     def reasons(self, slot: Mapping[str, Any], namespace: str) -> list[str]:
         """The STUCK_KINDS that apply to one slot dict of ``_slot_dict``."""
         found = []
-        held = slot["state"] == "held"
-        since = slot["since"]
-        unbound = not slot["pod"] and slot["node"] in self.mapped_nodes
-        if held and since and unbound and since < iso(self.grace_before):
-            found.append("no-pod")
-        if held and since and since < iso(self.old_before):
-            found.append("old")
-        if slot["state"] == "foreign":
+        state, since = slot["state"], slot["since"]
+        if state == "held" and since:
+            unbound = not slot["pod"] and slot["node"] in self.mapped_nodes
+            if unbound and since < self.grace_iso:
+                found.append("no-pod")
+            if since < self.old_iso:
+                found.append("old")
+        elif state == "foreign":
             found.append("foreign")
         if (namespace, slot["key"]) in self.conflicted:
             found.append("conflict")
