@@ -111,7 +111,8 @@ def slot_cell(
         if slot["container"]:
             pod += f" / {escape(slot['container'])}"
         out.append(f"<br>{pod}")
-    elif state == "held":
+    elif state == "held" and "no-pod" not in (stuck or ()):
+        # Past the grace period the stuck mark below says it instead.
         out.append('<br><span class="meta">pod not known yet</span>')
     since = slot["since"]
     if since:
