@@ -804,7 +804,7 @@ class ApiServerSimulator:
             raise bad_request("the body must be a policy/v1 Eviction")
         options = body.get("deleteOptions") or {}
         raw = json.dumps(options).encode() if options else b""
-        self._delete(rt, "v1", ns, name, raw, "application/json", dry_run)
+        self._delete(rt, "v1", ns, name, raw, "application/json", {}, dry_run)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "code": 201}  # fmt: skip
 
