@@ -309,9 +309,14 @@ AKRI_QUEUES = {
     # Charged DRA device classes and Akri Configurations; "*" charges every one.
     "ACCOUNTED_CLASSES": env.words("AKRI_QUEUE_ACCOUNTED_CLASSES", ["*"]),
     "ACCOUNTED_CONFIGURATIONS": env.words("AKRI_QUEUE_ACCOUNTED_CONFIGURATIONS", ["*"]),
-    # Users the webhook lets add an owner label after creation (this project's service account).
+    # Users the webhook lets add an owner label after creation: the service accounts deploy/
+    # gives the Celery worker (which writes the labels) and the controller (in-process tasks).
     "LABEL_WRITERS": env.words(
-        "AKRI_QUEUE_LABEL_WRITERS", ["system:serviceaccount:akri-site:akri-site"]
+        "AKRI_QUEUE_LABEL_WRITERS",
+        [
+            "system:serviceaccount:akri-site:akri-site-worker",
+            "system:serviceaccount:akri-site:akri-site-controller",
+        ],
     ),
     "DEBOUNCE_SECONDS": env.number("AKRI_QUEUE_DEBOUNCE_SECONDS", 0.5, minimum=0.01),
     # Least seconds between two full recomputes asked for by watch events (relists, queues).

@@ -15,7 +15,7 @@ from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 pytestmark = pytest.mark.django_db
 URL = "/webhooks/pods/validate"
 LABEL = "akri-site.io/queue"
-SA = "system:serviceaccount:akri-site:akri-site"
+SA = "system:serviceaccount:akri-site:akri-site-worker"
 
 # As kube-apiserver 1.34 posts it for `kubectl run` of a pod using a shared ResourceClaim.
 POD_REVIEW = {
