@@ -25,6 +25,8 @@ from agent.models import Node, Pod
 log = logging.getLogger(__name__)
 
 AKRI_PREFIX = "akri.sh/"
+# Queued cache changes above which the in-process charge recompute waits (no broker).
+CHARGES_YIELD_BACKLOG = 20
 
 
 def pod_resources(pod: dict[str, Any]) -> dict[str, int]:
@@ -148,6 +150,7 @@ class Controller:
         *,
         sync: CacheSync | None = None,
         timeout_seconds: int | None = None,
+        queues: bool = True,
     ) -> None:
         from akri_site.dashboard.live import Coalescer
 
@@ -180,6 +183,14 @@ class Controller:
             timeout_seconds=timeout_seconds,
         )
         self._threads: list[threading.Thread] = []
+        # Queue charges (agent/queues): DRA and queue-system watches, fed our pods and Instances.
+        self.queues = None
+        if queues:
+            from agent.queues.watch import QueueWatch
+
+            self.queues = QueueWatch(
+                api_client, fire=self._recompute_charges, timeout_seconds=timeout_seconds
+            )
 
     def start(self) -> Controller:
         self.live.start()
@@ -192,10 +203,16 @@ class Controller:
             )
             thread.start()
             self._threads.append(thread)
+        if self.queues is not None:
+            self.sync.subscribe(self._queues_sync)
+            self.queues.start()
         return self
 
     def stop(self) -> None:
         self.sync.unsubscribe(self._on_sync)
+        if self.queues is not None:
+            self.sync.unsubscribe(self._queues_sync)
+            self.queues.stop()
         if self.owns_sync:
             self.sync.stop()
         for watcher in (self.pods, self.nodes):
@@ -220,9 +237,13 @@ class Controller:
             Pod.objects.filter(namespace=meta.get("namespace", ""), name=meta["name"]).delete()
         else:
             apply_pod(obj)
+        if self.queues is not None:
+            self.queues.pod_event(kind, obj)
 
     def _pod_relist(self, items: list[dict[str, Any]]) -> None:
         replace_all_pods(items)
+        if self.queues is not None:
+            self.queues.pod_relist(items)
         close_old_connections()
 
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -241,6 +262,30 @@ class Controller:
             apply_node(obj)
             names.add(obj["metadata"]["name"])
         Node.objects.exclude(name__in=names).update(deleted=True, ready=False)
+
+    def _queues_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
+        if kind == "instance" and self.queues is not None:
+            self.queues.instance_changed(self.namespace, name, obj)
+
+    def _recompute_charges(self, keys: list[str] | None) -> None:
+        """Debounced charge recompute: in-process with this client when there is no broker."""
+        from agent.queues import history, recompute, tasks
+
+        if settings.CELERY_TASK_ALWAYS_EAGER:
+            from agent.queues.live import publish
+
+            if self.sync.backlog() > CHARGES_YIELD_BACKLOG and self.queues is not None:
+                # In-process accounting yields to the cache it reads: try again next window.
+                self.queues.debouncer.mark(None if keys is None else set(keys))
+                return
+
+            outcome = recompute.recompute(keys, api_client=self.api_client)
+            if keys is None:
+                history.sample()
+            if outcome.written:
+                publish()
+        else:
+            tasks.recompute_charges.delay(keys=keys, trigger="event")
 
     def _enqueue_cluster_reconcile(self, why: str) -> None:
         """After the grace, the cluster-wide pass frees what the lost node held."""

@@ -18,7 +18,7 @@ app.autodiscover_tasks()
 CLUSTER_RECONCILE_SECONDS = env.number("AKRI_CLUSTER_RECONCILE_SECONDS", 30.0, minimum=1)
 # Reconciliation history past its retention (agent.retention) goes once an hour.
 PRUNE_SECONDS = 3600.0
-app.conf.beat_schedule = {
+BEAT_SCHEDULE = {
     "reconcile-cluster": {
         "task": "agent.tasks.reconcile_cluster",
         "schedule": CLUSTER_RECONCILE_SECONDS,
@@ -31,3 +31,23 @@ app.conf.beat_schedule = {
         "options": {"expires": PRUNE_SECONDS},
     },
 }
+
+# Queue charges (agent/queues): a full recompute and a history sample every interval, on top
+# of the controller's debounced recomputes on change; samples past retention go hourly.
+# (Assigned whole: reading app.conf here would load the settings before they are checked.)
+QUEUE_RECOMPUTE_SECONDS = env.number("AKRI_QUEUE_RECOMPUTE_SECONDS", 30.0, minimum=1)
+QUEUE_SCHEDULE = {
+    "queue-charges": {
+        "task": "agent.queues.tasks.recompute_charges",
+        "schedule": QUEUE_RECOMPUTE_SECONDS,
+        "kwargs": {"trigger": "schedule"},
+        "options": {"expires": QUEUE_RECOMPUTE_SECONDS},
+    },
+    "prune-charge-samples": {
+        "task": "agent.queues.tasks.prune_charge_samples",
+        "schedule": PRUNE_SECONDS,
+        "options": {"expires": PRUNE_SECONDS},
+    },
+}
+
+app.conf.beat_schedule = {**BEAT_SCHEDULE, **QUEUE_SCHEDULE}

@@ -53,10 +53,12 @@ INSTALLED_APPS = [
     "channels",
     "csp",
     "rest_framework",
+    "rest_framework.authtoken",  # per-user tokens for the JSON API (issue 17)
     "django_filters",
     "drf_spectacular",
     "agent",
     "agent.scheduling",
+    "agent.queues",
     "akri_site.dashboard",
 ]
 
@@ -254,6 +256,8 @@ AKRI = {
     "NODE_GONE_GRACE_SECONDS": env.number("AKRI_NODE_GONE_GRACE_SECONDS", 60.0, minimum=0),
     # Cache data older than this (no watch progress) is shown as stale.
     "STALE_SECONDS": env.number("AKRI_STALE_SECONDS", 90.0, minimum=1),
+    # The dashboard calls a slot held longer than this "held long" (stuck, issue 17).
+    "STUCK_AFTER_HOURS": env.number("AKRI_STUCK_AFTER_HOURS", 24.0, minimum=0.01),
     # Watch streams end and restart this often, so a quiet cluster still shows progress.
     "WATCH_TIMEOUT_SECONDS": env.integer("AKRI_WATCH_TIMEOUT_SECONDS", 55, minimum=1, maximum=3600),
     # Hours a reconciliation run that changed nothing stays in the history. Runs that released,
@@ -288,6 +292,39 @@ LEADER_ELECTION = {
     "LEASE_DURATION": env.number("AKRI_LEASE_DURATION", 8.0, minimum=1),
     "RENEW_DEADLINE": env.number("AKRI_LEASE_RENEW_DEADLINE", 5.0, minimum=0.1),
     "RETRY_PERIOD": env.number("AKRI_LEASE_RETRY_PERIOD", 1.5, minimum=0.05),
+}
+
+# --- queue charges (agent/queues, seed 003) ---------------------------------------------------
+AKRI_QUEUES = {
+    # The label on an Instance or ResourceClaim that names its owner queue.
+    "LABEL_KEY": env.string("AKRI_QUEUE_LABEL", "akri-site.io/queue"),
+    # Queue resolvers, tried in this order (agent.charges.resolve.RESOLVERS names them).
+    "RESOLVERS": tuple(env.words("AKRI_QUEUE_RESOLVERS", ["kai", "kueue", "volcano", "default"])),
+    # The queue of a pod no resolver places; empty: such a pod has no queue.
+    "DEFAULT_QUEUE": env.string("AKRI_QUEUE_DEFAULT", "default"),
+    # Claims used by several queues with no owner label: "deduct" or "attribute".
+    "ORPHANS": env.choice("AKRI_QUEUE_ORPHANS", "deduct", ("deduct", "attribute")),
+    # Queues that do not share what they own (a queue object's akri-site.io/opt-out wins).
+    "OPT_OUT": env.words("AKRI_QUEUE_OPT_OUT", []),
+    # Charged DRA device classes and Akri Configurations; "*" charges every one.
+    "ACCOUNTED_CLASSES": env.words("AKRI_QUEUE_ACCOUNTED_CLASSES", ["*"]),
+    "ACCOUNTED_CONFIGURATIONS": env.words("AKRI_QUEUE_ACCOUNTED_CONFIGURATIONS", ["*"]),
+    # Users the webhook lets add an owner label after creation: the service accounts deploy/
+    # gives the Celery worker (which writes the labels) and the controller (in-process tasks).
+    "LABEL_WRITERS": env.words(
+        "AKRI_QUEUE_LABEL_WRITERS",
+        [
+            "system:serviceaccount:akri-site:akri-site-worker",
+            "system:serviceaccount:akri-site:akri-site-controller",
+        ],
+    ),
+    "DEBOUNCE_SECONDS": env.number("AKRI_QUEUE_DEBOUNCE_SECONDS", 0.5, minimum=0.01),
+    # Least seconds between two full recomputes asked for by watch events (relists, queues).
+    "FULL_MIN_SECONDS": env.number("AKRI_QUEUE_FULL_MIN_SECONDS", 10.0, minimum=0),
+    "RECOMPUTE_SECONDS": env.number("AKRI_QUEUE_RECOMPUTE_SECONDS", 30.0, minimum=1),
+    "SAMPLE_SECONDS": env.number("AKRI_QUEUE_SAMPLE_SECONDS", 60.0, minimum=1),
+    "HISTORY_HOURS": env.number("AKRI_QUEUE_HISTORY_HOURS", 168.0, minimum=0.01),
+    "CRD_RECHECK_SECONDS": env.number("AKRI_QUEUE_CRD_RECHECK_SECONDS", 60.0, minimum=0.1),
 }
 
 LOGGING = {

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from agent.queues.pages import api_urlpatterns
 from akri_site.dashboard import prom, views
 
 urlpatterns = [
@@ -9,5 +10,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("akri_site.dashboard.accounts")),
     path("api/", include("akri_site.dashboard.api")),
+    # Queue charges: the admission webhook (no session, no CSRF), the Queues pages and API.
+    path("webhooks/", include("agent.queues.urls")),
+    path("queues/", include("agent.queues.pages")),
+    path("api/queues/", include((api_urlpatterns, "queues_api"))),
     path("", include("akri_site.dashboard.urls")),
 ]

@@ -39,6 +39,8 @@ KEYS = {
     "failover": {"p95_s", "dual_leader_writes"},
     "extender-filter": {"p95_ms"},
     "schedule-storm": {"admission_errors", "overbooked"},
+    "charges": {"full_ms", "incremental_p95_ms"},
+    "webhook": {"p99_ms"},
 }
 
 

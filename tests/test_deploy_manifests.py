@@ -165,7 +165,11 @@ def test_web_is_ready_only_when_healthz_answers():
 
 def test_the_webhook_points_at_the_web_processs_tls_port_and_path():
     objects = render("overlays/external")
-    (hook,) = find(objects, "ValidatingWebhookConfiguration", "akri-site-pods")["webhooks"]
+    hook, labels = find(objects, "ValidatingWebhookConfiguration", "akri-site-pods")["webhooks"]
+    # The queue owner label's guard: only labelled claims and Instances are sent.
+    assert labels["clientConfig"] == hook["clientConfig"]
+    assert labels["objectSelector"]["matchExpressions"][0]["key"] == "akri-site.io/queue"
+    assert {r["resources"][0] for r in labels["rules"]} == {"resourceclaims", "instances"}
     service_ref = hook["clientConfig"]["service"]
     assert service_ref["path"] == "/webhooks/pods/validate"
     assert service_ref["namespace"] == NAMESPACE

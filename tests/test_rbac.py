@@ -293,6 +293,7 @@ def controller_term(kube, rec: Recorder, monkeypatch) -> None:
     controller = Controller(rec.client(), kube.namespace).start()
     try:
         assert controller.sync.wait_synced()
+        assert controller.queues.wait_probed()  # queue charges: every kind probed once
         node = f"rbac-{kube.namespace}"
         core = client.CoreV1Api(kube.api_client)
         core.create_node({"metadata": {"name": node}})

@@ -82,6 +82,17 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_schedule_storm",
         "500 pods asking unique CL devices, room for 300: admission errors, overbooking",
     ),
+    # Queue charges (agent/queues).
+    "charges": (
+        "agent.queues.bench",
+        "bench_charges",
+        "full charge recompute (5,000 claims, 200 queues, 20,000 pods) and one-pod updates",
+    ),
+    "webhook": (
+        "agent.queues.bench",
+        "bench_webhook",
+        "AdmissionReview round trip over HTTP, 50 concurrent clients",
+    ),
 }
 
 

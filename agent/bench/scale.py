@@ -144,6 +144,7 @@ class BenchDatabase:
         default = settings.DATABASES["default"]
         self.postgres = default["ENGINE"].endswith("postgresql")
         self.tag = f"scale_{uuid.uuid4().hex[:8]}"
+        self.redis_url = _bench_redis()
         if self.postgres:
             self.admin = dict(default)
             self.url = os.environ["DATABASE_URL"].rsplit("/", 1)[0] + f"/{self.tag}"
@@ -153,7 +154,12 @@ class BenchDatabase:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.pop("REDIS_URL", None)  # the in-process channel layer: no one else's Redis
+        env.pop("REDIS_URL", None)
+        # As in production, the controller hands its tasks (queue charges, cluster passes) to
+        # a broker instead of running them itself: Redis, in a database of the bench's own.
+        if self.redis_url:
+            env["REDIS_URL"] = self.redis_url
+            env["AKRI_ENV"] = "development"  # no secret key needed for a benchmark
         if self.postgres:
             env["DATABASE_URL"] = self.url
         else:
@@ -171,6 +177,11 @@ class BenchDatabase:
             return conn.execute(sql, params).fetchall()
 
     def drop(self) -> None:
+        if self.redis_url:
+            import redis
+
+            with contextlib.suppress(Exception):
+                redis.Redis.from_url(self.redis_url).flushdb()  # the bench's own database
         if self.postgres:
             self._sql(f'DROP DATABASE IF EXISTS "{self.tag}" WITH (FORCE)')
         else:
@@ -190,6 +201,19 @@ class BenchDatabase:
             autocommit=True,
         ) as conn:
             conn.execute(sql)
+
+
+def _bench_redis() -> str:
+    """Redis database 15 of the Redis the tests or REDIS_URL name, when one answers."""
+    import redis
+
+    base = os.environ.get("AKRI_TEST_REDIS_URL") or os.environ.get("REDIS_URL")
+    url = (base or "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/15"
+    try:
+        redis.Redis.from_url(url, socket_timeout=2).ping()
+    except Exception:
+        return ""
+    return url
 
 
 # --- probes ----------------------------------------------------------------------------------------
@@ -436,6 +460,7 @@ def bench_scale(quick: bool = False, stdout: Any = None) -> dict[str, object]:
             "slotmap_ms": slotmap_ms,
             "slotmap_bytes": page_bytes,
             "database": "postgresql" if db.postgres else "sqlite",
+            "broker": "redis" if db.redis_url else "in-process",
         }
     finally:
         if controller is not None:

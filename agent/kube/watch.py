@@ -343,6 +343,10 @@ class CacheSync:
         self._queue.put(("mark", done, None))
         return done.wait(timeout)
 
+    def backlog(self) -> int:
+        """Changes queued for the cache and not applied yet (background work defers to them)."""
+        return self._queue.qsize()
+
     def wait_watched(self, name: str, rv: str, timeout: float = 10.0) -> bool:
         """Wait until the watch has brought version ``rv`` (or a newer one) of Instance
         ``name`` and the applier is done with it: the echo of a write has passed. For

@@ -10,7 +10,8 @@ against one: `scripts/real-apiserver`, and tests/test_apiserver_parity.py runs o
 - built-in types as plain storage: core/v1 Pods, Nodes, Services, ConfigMaps, Secrets, Namespaces,
   Events, ServiceAccounts; batch/v1 Jobs; apps/v1 Deployments, DaemonSets; coordination/v1
   Leases; resource.k8s.io/v1 ResourceClaims, ResourceClaimTemplates, ResourceSlices,
-  DeviceClasses; `/status` where the real types have it; `pods/binding`;
+  DeviceClasses; `/status` where the real types have it; `pods/binding`; `pods/eviction`
+  (no PodDisruptionBudgets: an eviction deletes the pod);
 - server-owned metadata (uid, opaque resourceVersion from one global counter, creationTimestamp,
   generation, generateName), 201/409/404/422/400/415 with Status bodies shaped like the real ones;
 - custom resources pruned, defaulted and validated against their CRD version's structural schema
@@ -668,6 +669,8 @@ class ApiServerSimulator:
             raise _not_allowed()
         if sub == "binding" and rt.key == ("", "pods") and method == "POST":
             return 201, self._bind(rt, ns, name, _object_body(raw, ctype))
+        if sub == "eviction" and rt.key == ("", "pods") and method == "POST":
+            return 201, self._evict(rt, ns, name, _object_body(raw, ctype), dry_run)
         raise _no_route()
 
     @staticmethod
@@ -793,6 +796,17 @@ class ApiServerSimulator:
             with contextlib.suppress(ApiError):
                 self.store.delete(rt, meta.get("namespace", ""), meta["name"], None, dry_run, grace)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+    def _evict(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> dict:
+        """``pods/eviction`` (policy/v1 Eviction): no PodDisruptionBudgets here, so an eviction
+        is the pod's deletion with the Eviction's deleteOptions, answered 201 Success."""
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            raise bad_request("the body must be a policy/v1 Eviction")
+        options = body.get("deleteOptions") or {}
+        raw = json.dumps(options).encode() if options else b""
+        self._delete(rt, "v1", ns, name, raw, "application/json", {}, dry_run)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}  # fmt: skip
 
     def _bind(self, rt: ResourceType, ns: str, name: str, body: Any) -> dict:
         target = (body.get("target") or {}).get("name") if isinstance(body, dict) else None
@@ -923,6 +937,9 @@ class ApiServerSimulator:
             if rt.key == ("", "pods"):
                 resources.append({"name": "pods/binding", "singularName": "", "namespaced": True,
                                   "kind": "Binding", "verbs": ["create"]})  # fmt: skip
+                resources.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
+                                  "group": "policy", "version": "v1", "kind": "Eviction",
+                                  "verbs": ["create"]})  # fmt: skip
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
                 "resources": resources}  # fmt: skip

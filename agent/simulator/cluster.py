@@ -95,6 +95,9 @@ class SimulatedCluster:
         self.sim_nodes: list[SimNode] = []
         self.sync: CacheSync | None = None
         self.controller: Any = None
+        # A hook standing in for the API server's admission chain (the queue demo plugs its
+        # webhook in): ``fn(pod, namespace)`` returns why the pod is refused, or None.
+        self.admission: Any = None
         self._stopped = False
 
     def start(self) -> SimulatedCluster:
@@ -165,30 +168,40 @@ class SimulatedCluster:
 
     # --- pods ---------------------------------------------------------------------------
     def run_pod(
-        self, name: str, node: str, requests: dict[str, int], namespace: str | None = None
+        self,
+        name: str,
+        node: str,
+        requests: dict[str, int],
+        namespace: str | None = None,
+        *,
+        labels: dict[str, str] | None = None,
+        priority: int | None = None,
     ) -> bool:
-        """Create a pod bound to ``node`` and have its kubelet admit it; True when admitted."""
+        """Create a pod bound to ``node`` and have its kubelet admit it; True when admitted.
+        ``labels`` and ``priority`` go into the pod (the queue demo names queues with them)."""
         namespace = namespace or self.namespace
         sim = self.node(node)
         limits = {k: str(v) for k, v in requests.items()}
-        pod = self.core.create_namespaced_pod(
-            namespace,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "labels": {"app": "akri-workload"}},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "busybox",
-                            "resources": {"requests": limits, "limits": limits},
-                        }
-                    ],
-                },
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "akri-workload", **(labels or {})}},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "resources": {"requests": limits, "limits": limits},
+                    }
+                ],
             },
-        )
+        }
+        if priority is not None:
+            body["spec"]["priority"] = priority
+        if self.admission is not None and self.admission(body, namespace):
+            return False
+        pod = self.core.create_namespaced_pod(namespace, body)
         result = sim.kubelet.admit_pod(
             namespace, name, [{"name": "main", "requests": requests}], uid=pod.metadata.uid
         )

@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 import agent.metrics  # noqa: F401  (registers the per-process series, websocket clients included)
 from agent.models import Instance, Slot, SyncState
+from agent.queues.metrics import QueueCollector
 from akri_site.dashboard.slotmap import slot_state
 
 SLOT_STATES = ("free", "held", "foreign", "surplus")
@@ -94,6 +95,8 @@ class CacheCollector:
 
 CACHE_REGISTRY = CollectorRegistry(auto_describe=False)
 CACHE_REGISTRY.register(CacheCollector())
+# Queue charges (agent/queues): akri_queue_charge{queue,resource} and friends.
+CACHE_REGISTRY.register(QueueCollector())
 
 
 def authorized(request: HttpRequest) -> bool:

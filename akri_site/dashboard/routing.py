@@ -2,8 +2,10 @@
 
 from django.urls import path
 
+from agent.queues.live import QueuesConsumer
 from akri_site.dashboard.consumers import LiveConsumer
 
 websocket_urlpatterns = [
     path("ws/live/", LiveConsumer.as_asgi()),
+    path("ws/queues/", QueuesConsumer.as_asgi()),
 ]

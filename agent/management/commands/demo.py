@@ -118,7 +118,13 @@ class Command(BaseCommand):
         cluster = self._start_cluster(options["nodes"])
         # The web process writes manual releases to the same (simulated) API server.
         settings.AKRI["KUBECONFIG"] = cluster.kubeconfig
-        workload = WorkloadGenerator(cluster, interval=options["pace"]).start()
+        # Queue charges: three queues sharing devices, an opted-out one, refused pods.
+        from agent.queues.demo import QueueDemo
+
+        queue_demo = QueueDemo(cluster).start()
+        workload = WorkloadGenerator(cluster, interval=options["pace"])
+        # The random workload starts once the queues own their devices (or after a minute).
+        threading.Thread(target=queue_demo.then, args=(workload.start,), daemon=True).start()
         stop = threading.Event()
         listening = threading.Event()
         threading.Thread(target=self._cluster_reconcile, args=(stop,), daemon=True).start()
@@ -130,6 +136,7 @@ class Command(BaseCommand):
             stop.set()
             if quiet:  # the cluster's shutdown chatter is ours, not news
                 logging.getLogger().setLevel(logging.ERROR)
+            queue_demo.stop()
             workload.stop()
             cluster.stop()
         if not listening.is_set():

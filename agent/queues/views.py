@@ -1,0 +1,187 @@
+"""The Queues pages, their JSON API, and the operator's eviction of foreign pods.
+
+Thin views: access check, validate, one query module call, render. The page's figures come
+from ``queries``; live updates from ``live`` over ``/ws/queues/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods
+
+from agent.charges.facts import AKRI, DRA
+from agent.queues import evict, queries
+from agent.queues.forms import EvictForm, QueueRangeForm
+from akri_site.dashboard.access import can_view, role_of, viewer_required
+
+KINDS = (AKRI, DRA)
+
+
+def _context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {"role": role_of(request.user), "can_evict": evict.may_evict(request.user), **extra}
+
+
+def _range(request: HttpRequest) -> tuple[QueueRangeForm, dict[str, Any]]:
+    form = QueueRangeForm(request.GET or None)
+    if request.GET and not form.is_valid():
+        return form, {}
+    if not request.GET:
+        form = QueueRangeForm({})
+        form.is_valid()
+    start, end = form.window()
+    return form, {"start": start, "end": end}
+
+
+@require_GET
+@never_cache
+@viewer_required
+def queues(request: HttpRequest) -> HttpResponse:
+    form, window = _range(request)
+    errors = _errors(form)
+    history = queries.history(window["start"], window["end"]) if window else None
+    return render(
+        request,
+        "queues/queues.html",
+        _context(
+            request, form=form, errors=errors, history=history, **queries.overview(), **window
+        ),
+        status=400 if errors else 200,
+    )
+
+
+@require_GET
+@never_cache
+@viewer_required
+def queue_detail(request: HttpRequest, queue: str) -> HttpResponse:
+    detail = queries.queue_detail(queue)
+    if detail is None:
+        raise Http404(f"No queue {queue!r} owns, uses or is charged for anything.")
+    form, window = _range(request)
+    errors = _errors(form)
+    history = queries.history(window["start"], window["end"], queue) if window else None
+    return render(
+        request,
+        "queues/queue.html",
+        _context(request, form=form, errors=errors, history=history, **detail, **window),
+        status=400 if errors else 200,
+    )
+
+
+@require_GET
+@never_cache
+@viewer_required
+def claim_detail(request: HttpRequest, kind: str, namespace: str, name: str) -> HttpResponse:
+    claim = _claim_or_404(kind, namespace, name)
+    return render(request, "queues/claim.html", _context(request, claim=claim))
+
+
+def _claim_or_404(kind: str, namespace: str, name: str) -> dict[str, Any]:
+    if kind not in KINDS:
+        raise Http404(f"Unknown kind {kind!r}: use {' or '.join(KINDS)}.")
+    claim = queries.claim_detail(kind, namespace, name)
+    if claim is None:
+        raise Http404(f"No {kind} {namespace}/{name} in the charge cache.")
+    return claim
+
+
+def _errors(form: QueueRangeForm) -> list[str]:
+    if form.is_bound and not form.is_valid():
+        return [f"{field}: {' '.join(errs)}" for field, errs in form.errors.items()]
+    return []
+
+
+@require_http_methods(["GET", "POST"])
+@never_cache
+@viewer_required
+def evict_foreign(request: HttpRequest, kind: str, namespace: str, name: str) -> HttpResponse:
+    """Seed 003's second option: the owner evicts the foreign pods keeping its claim bound."""
+    if not evict.may_evict(request.user):
+        raise PermissionDenied("Evicting pods needs the operator role.")
+    claim = _claim_or_404(kind, namespace, name)
+    here = reverse("queues:claim", args=[kind, namespace, name])
+    if request.method == "GET":
+        foreign = [u for u in claim["users"] if u["foreign"]]
+        return render(
+            request, "queues/evict_confirm.html", _context(request, claim=claim, foreign=foreign)
+        )
+    form = EvictForm(request.POST)
+    form.is_valid()
+    report = evict.evict_foreign(
+        claim,
+        form.confirmed(request.POST),
+        user=request.user,
+        reason=form.cleaned_data.get("reason", ""),
+    )
+    for level, text in report:
+        messages.add_message(request, level, text)
+    return redirect(here)
+
+
+# --- JSON API ----------------------------------------------------------------------------
+def _api_access(request: HttpRequest) -> JsonResponse | None:
+    if not can_view(request.user):
+        return JsonResponse({"detail": "You need the viewer, operator or admin role."}, status=403)
+    return None
+
+
+@require_GET
+@never_cache
+def api_queues(request: HttpRequest) -> JsonResponse:
+    refused = _api_access(request)
+    if refused:
+        return refused
+    data = queries.overview()
+    data["refusals"] = [
+        {
+            "at": r.at.isoformat(),
+            "pod": f"{r.namespace}/{r.name}",
+            "queue": r.queue,
+            "claim": r.claim,
+            "owner": r.owner,
+            "rule": r.rule,
+            "message": r.message,
+        }
+        for r in data["refusals"]
+    ]
+    return JsonResponse(data)
+
+
+@require_GET
+@never_cache
+def api_charges(request: HttpRequest) -> JsonResponse:
+    refused = _api_access(request)
+    if refused:
+        return refused
+    source = request.GET.get("source", "")
+    if source and source not in queries.SOURCES:
+        known = ", ".join(sorted(queries.SOURCES))
+        return JsonResponse(
+            {"detail": f"unknown source {source!r}: use one of {known}"}, status=400
+        )
+    rows = queries.charges(
+        queue=request.GET.get("queue", ""),
+        source=source,
+        problems=request.GET.get("problems") == "1",
+    )
+    return JsonResponse({"count": len(rows), "results": rows})
+
+
+@require_GET
+@never_cache
+def api_history(request: HttpRequest) -> JsonResponse:
+    refused = _api_access(request)
+    if refused:
+        return refused
+    form, window = _range(request)
+    if not window:
+        return JsonResponse({"detail": _errors(form)}, status=400)
+    return JsonResponse(
+        queries.history(window["start"], window["end"], request.GET.get("queue", ""))
+    )
