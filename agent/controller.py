@@ -139,10 +139,17 @@ class Controller:
             timeout_seconds=timeout_seconds,
         )
         self._threads: list[threading.Thread] = []
+        # Broker deployment (agent.brokers): its own watches, work enqueued for Celery.
+        from agent.brokers.controller import BrokerController
+
+        self.brokers = BrokerController(
+            api_client, namespace, self.sync, timeout_seconds=timeout_seconds
+        )
 
     def start(self) -> Controller:
         self.live.start()
         self.sync.subscribe(self._on_sync)
+        self.brokers.start()
         if self.owns_sync:
             self.sync.start()
         for watcher in (self.pods, self.nodes):
@@ -155,6 +162,7 @@ class Controller:
 
     def stop(self) -> None:
         self.sync.unsubscribe(self._on_sync)
+        self.brokers.stop()
         if self.owns_sync:
             self.sync.stop()
         for watcher in (self.pods, self.nodes):
@@ -197,6 +205,7 @@ class Controller:
                 deleted=True, ready=False, not_ready_since=timezone.now()
             )
             self._enqueue_cluster_reconcile(f"node {name} deleted")
+            self.brokers.node_gone(name)
         elif apply_node(obj):
             self._enqueue_cluster_reconcile(f"node {name} NotReady")
 

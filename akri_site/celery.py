@@ -31,3 +31,12 @@ app.conf.beat_schedule = {
         "options": {"expires": PRUNE_SECONDS},
     },
 }
+
+# Broker deployment's repair pass (agent.brokers): a deleted broker comes back, a Pending one
+# past its grace is replaced, objects of a deleted Configuration go.
+BROKER_PASS_SECONDS = env.number("AKRI_BROKER_PASS_SECONDS", 30.0, minimum=1)
+app.conf.beat_schedule["broker-level-pass"] = {
+    "task": "agent.brokers.tasks.level_pass",
+    "schedule": BROKER_PASS_SECONDS,
+    "options": {"expires": BROKER_PASS_SECONDS},
+}
