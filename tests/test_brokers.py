@@ -10,8 +10,10 @@ from django.utils import timezone
 
 from agent.brokers import engine
 from agent.brokers.models import BrokerAction, ConfigurationBrokers
+from agent.brokers.specs import with_brokers
 from agent.domain import brokers as rules
 from tests.brokers_world import BrokerWorld
+from tests.reconcile_world import configuration_body
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
 
@@ -50,7 +52,10 @@ def test_an_instance_gets_a_broker_pod_per_node_and_services_once_one_runs(world
     world.run(f"{a}-{CAMS}-pod")
     second = engine.reconcile_instance(api, "cams", CAMS)
 
-    assert second.created == 2
+    assert (second.created, second.needs_configuration) == (1, True)
+    assert world.services() == {f"{CAMS}-svc"}
+    third = engine.reconcile_configuration(api, "cams")  # what needs_configuration enqueues
+    assert third.created == 1
     assert world.services() == {f"{CAMS}-svc", "cams-svc"}
     svc = world.core.read_namespaced_service(f"{CAMS}-svc", world.namespace)
     assert svc.spec.selector == {"controller": "akri.sh", "akri.sh/instance": CAMS}
@@ -65,7 +70,7 @@ def test_a_second_run_writes_nothing(world, api):
     world.instance(CAMS, (a,))
     engine.reconcile_instance(api, "cams", CAMS)
     world.run(f"{a}-{CAMS}-pod")
-    engine.reconcile_instance(api, "cams", CAMS)
+    engine.level_pass(api)
     writes = api.writes
 
     again = engine.reconcile_instance(api, "cams", CAMS)
@@ -93,9 +98,9 @@ def test_a_deleted_instance_takes_its_brokers_and_service(world, api):
     world.configuration()
     world.instance(CAMS, (a,))
     world.instance(MICS, (a,))
-    engine.reconcile_configuration(api, "cams")
+    engine.level_pass(api)
     world.run(f"{a}-{CAMS}-pod")
-    engine.reconcile_configuration(api, "cams")
+    engine.level_pass(api)
     assert world.services() == {f"{CAMS}-svc", "cams-svc"}
 
     world.akri.delete_instance(CAMS)
@@ -110,9 +115,10 @@ def test_a_deleted_configuration_takes_everything(world, api):
     a = world.node("a")
     world.configuration()
     world.instance(CAMS, (a,))
-    engine.reconcile_configuration(api, "cams")
+    engine.level_pass(api)
     world.run(f"{a}-{CAMS}-pod")
-    engine.reconcile_configuration(api, "cams")
+    engine.level_pass(api)
+    assert world.services() == {f"{CAMS}-svc", "cams-svc"}
 
     world.akri.custom.delete_namespaced_custom_object(
         "akri.sh", "v0", world.namespace, "configurations", "cams"
@@ -160,8 +166,8 @@ def test_a_changed_broker_properties_rolls_the_brokers(world, api):
     world.akri.patch_configuration(
         "cams", [{"op": "add", "path": "/spec/brokerProperties", "value": {"FPS": "30"}}]
     )
-    rolled = engine.reconcile_configuration(api, "cams")
-    remade = engine.reconcile_configuration(api, "cams")
+    rolled = engine.reconcile_instance(api, "cams", CAMS)
+    remade = engine.reconcile_instance(api, "cams", CAMS)
 
     assert (rolled.deleted, remade.created) == (1, 1)
     assert world.pods()[f"{a}-{CAMS}-pod"]["metadata"]["uid"] != uid
@@ -182,7 +188,7 @@ def test_an_existing_broker_of_ours_is_adopted_and_a_stranger_left_alone(world, 
     }
     world.core.create_namespaced_pod(world.namespace, stranger)
 
-    run = engine.reconcile_configuration(api, "cams")
+    run = engine.level_pass(api)
 
     assert (run.created, run.deleted) == (0, 0)
     assert any("not ours" in p for p in run.problems)
@@ -193,8 +199,9 @@ def test_an_existing_broker_of_ours_is_adopted_and_a_stranger_left_alone(world, 
 
 def test_a_pod_the_api_server_refuses_blocks_only_its_configuration_until_it_changes(world, api):
     a = world.node("a")
-    # Names too long for a label value (63): the server refuses the broker pod.
-    long = "c" * 58
+    # The pod's app label, <node>-<instance>-pod, is too long for a label value (63 at most):
+    # the server refuses the broker pod (Akri's names, Akri's limit).
+    long = "c" * 43
     world.configuration(long)
     world.configuration("cams")
     world.instance(f"{long}-8120fe", (a,), configuration=long)
@@ -207,14 +214,14 @@ def test_a_pod_the_api_server_refuses_blocks_only_its_configuration_until_it_cha
     row = ConfigurationBrokers.objects.get(configuration=long)
     assert "refused" in row.error and row.blocked_key
     writes = api.writes
-    again = engine.reconcile_configuration(api, long)
+    again = engine.reconcile_instance(api, long, f"{long}-8120fe")
     assert api.writes == writes and "refused" in again.error
     assert BrokerAction.objects.filter(configuration=long, action="refused").count() == 1
 
     world.akri.patch_configuration(
         long, [{"op": "add", "path": "/spec/brokerProperties", "value": {"X": "1"}}]
     )
-    engine.reconcile_configuration(api, long)
+    engine.reconcile_instance(api, long, f"{long}-8120fe")
 
     assert api.writes == writes + 1  # tried again once the Configuration changed
     assert BrokerAction.objects.filter(configuration=long, action="refused").count() == 2
@@ -254,11 +261,7 @@ def test_a_job_spec_makes_one_job_per_instance(world, api):
 
 def test_the_configuration_level_strategy_runs_n_replicas(world, api):
     a = world.node("a")
-    world.akri.create_configuration(
-        {
-            **_with_replicas(world, "2"),
-        }
-    )
+    world.akri.create_configuration(_with_replicas("2"))
     world.instance(CAMS, (a,))
 
     run = engine.reconcile_configuration(api, "cams")
@@ -271,10 +274,7 @@ def test_the_configuration_level_strategy_runs_n_replicas(world, api):
     assert pods["cams-0-broker"]["metadata"]["ownerReferences"][0]["kind"] == "Configuration"
 
 
-def _with_replicas(world, replicas: str) -> dict:
-    from agent.brokers.specs import with_brokers
-    from tests.reconcile_world import configuration_body
-
+def _with_replicas(replicas: str) -> dict:
     body = with_brokers(configuration_body("cams"))
     body["metadata"]["annotations"] = {rules.REPLICAS: replicas}
     return body

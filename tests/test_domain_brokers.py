@@ -324,7 +324,7 @@ def test_an_instance_scoped_plan_leaves_the_configuration_service_alone():
     c, i = pod_config(), instance(nodes=())
     conf_svc = found_of(rules.configuration_service(c))
 
-    result = plan(c, [i], [conf_svc], configuration="cams", live_nodes=None, now=NOW, scope_instance=i.name)  # fmt: skip
+    result = plan(c, [i], [conf_svc], configuration="cams", live_nodes=None, now=NOW, scope=rules.Scope(instance=i.name))  # fmt: skip
 
     assert result.delete == []
 
@@ -383,8 +383,9 @@ def test_any_interleaving_ends_in_the_desired_set_without_duplicates(events, sha
     instances: dict[str, InstanceFacts] = {}
     uid = itertools.count()
 
-    def run(scope, fail_after=None):
-        result = plan(c, instances.values(), cluster.objects.values(), configuration="cams", live_nodes=None, now=NOW, scope_instance=scope)  # fmt: skip
+    def run(which, fail_after=None):
+        scope = rules.Scope(configuration_level=True) if which == "config" else rules.Scope(which)
+        result = plan(c, instances.values(), cluster.objects.values(), configuration="cams", live_nodes=None, now=NOW, scope=scope)  # fmt: skip
         cluster.apply(result, fail_after)
 
     for event in events:

@@ -5,7 +5,9 @@ same events enqueue work (``dispatch``) and never write to the API server themse
 
 - an Instance whose Configuration, uid, nodes or deletion changed (slot changes do not
   matter to brokers) -> its Instance key; an Instance deleted -> its Instance key;
-- a Configuration changed or deleted -> its Configuration key; a relist -> the level pass;
+- a Configuration changed -> its Configuration key and the keys of its Instances (a change
+  may roll their brokers); deleted -> its Configuration key; after a relist, the
+  Configuration key of every Configuration known or with brokers (what went unseen);
 - a broker pod (label ``akri.sh/configuration``) whose phase changed, that is being deleted
   or is gone -> its Instance key (or its Configuration key for Configuration-level replicas);
 - one of our Services or Jobs gone -> the key it belongs to, so a hand-deleted one returns;
@@ -29,6 +31,7 @@ from agent.brokers.dispatch import Dispatcher
 from agent.brokers.models import Broker
 from agent.domain import brokers as rules
 from agent.kube.watch import CacheSync, ResourceWatcher
+from agent.models import Configuration, Instance
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +100,26 @@ class BrokerController:
     # --- Configurations and Instances ---------------------------------------------------
     def _on_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
         if not name:
-            self.dispatch.level(self.namespace)
+            self._relisted()
         elif kind == "configuration":
             self.dispatch.configuration(self.namespace, name)
+            if obj is not None:  # a change may roll every broker of it
+                for instance in _instances_of(self.namespace, name):
+                    self.dispatch.instance(self.namespace, name, instance)
         elif kind == "instance":
             self._instance(name, obj)
+
+    def _relisted(self) -> None:
+        """After a relist each object was announced, but not what went during the gap: a
+        Configuration-level run for every Configuration we know or have brokers of."""
+        names = set(
+            Configuration.objects.filter(namespace=self.namespace).values_list("name", flat=True)
+        )
+        names |= set(
+            Broker.objects.filter(namespace=self.namespace).values_list("configuration", flat=True)
+        )
+        for name in sorted(n for n in names if n):
+            self.dispatch.configuration(self.namespace, name)
 
     def _instance(self, name: str, obj: dict[str, Any] | None) -> None:
         if obj is None:
@@ -158,6 +176,11 @@ class BrokerController:
             self._phases[(kind, meta["name"])] = (phase, bool(meta.get("deletionTimestamp")))
         Broker.objects.filter(namespace=self.namespace, kind=kind).exclude(name__in=names).delete()
         close_old_connections()
+
+
+def _instances_of(namespace: str, configuration: str) -> list[str]:
+    rows = Instance.objects.filter(namespace=namespace, configuration_name=configuration)
+    return list(rows.values_list("name", flat=True))
 
 
 def _mirror(namespace: str, kind: str, obj: dict[str, Any]) -> None:

@@ -79,10 +79,14 @@ def run_key(key: str, lock_url: str = "") -> engine.Outcome:
         parts = rest.split("/")
         api = engine.BrokerApi(api_client(), parts[0])
         if scope == "instance":
-            return engine.reconcile_instance(api, parts[1], parts[2])
-        if scope == "configuration":
-            return engine.reconcile_configuration(api, parts[1])
-        return engine.level_pass(api)
+            outcome = engine.reconcile_instance(api, parts[1], parts[2])
+        elif scope == "configuration":
+            outcome = engine.reconcile_configuration(api, parts[1])
+        else:
+            outcome = engine.level_pass(api)
+    if outcome.needs_configuration:
+        Dispatcher().configuration(parts[0], parts[1])
+    return outcome
 
 
 # --- enqueueing -----------------------------------------------------------------------------
@@ -93,8 +97,6 @@ class Dispatcher:
         if app is None:
             from akri_site.celery import app
         self.app = app
-        self._local: LocalRunner | None = None
-        self._guard = threading.Lock()
 
     def instance(self, namespace: str, configuration: str, instance: str) -> None:
         self.send(instance_key(namespace, configuration, instance))
@@ -129,16 +131,28 @@ class Dispatcher:
             conn.close()
 
     def local(self) -> LocalRunner:
-        with self._guard:
-            if self._local is None:
-                self._local = LocalRunner(run_key).start()
-            return self._local
+        return local_runner()
 
     def stop(self) -> None:
-        with self._guard:
-            if self._local is not None:
-                self._local.stop()
-                self._local = None
+        """Stop the embedded runner (it starts again on the next key)."""
+        global _local
+        with _local_guard:
+            runner, _local = _local, None
+        if runner is not None:
+            runner.stop()
+
+
+_local: LocalRunner | None = None
+_local_guard = threading.Lock()
+
+
+def local_runner() -> LocalRunner:
+    """The process's embedded runner (one per process: serialization needs a single queue)."""
+    global _local
+    with _local_guard:
+        if _local is None:
+            _local = LocalRunner(run_key).start()
+        return _local
 
 
 def pending_name(key: str) -> str:

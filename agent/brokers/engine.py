@@ -53,6 +53,7 @@ class Outcome:
     adopted: int = 0
     problems: list[str] = field(default_factory=list)
     error: str = ""
+    needs_configuration: bool = False  # a Configuration-level run should follow
 
     def merge(self, other: Outcome) -> None:
         self.created += other.created
@@ -157,7 +158,7 @@ class BrokerApi:
 def reconcile_instance(
     api: BrokerApi, configuration: str, instance: str, now: datetime | None = None
 ) -> Outcome:
-    """One Instance's brokers and Service (and the Configuration Service's creation)."""
+    """One Instance's brokers and Service."""
     return _guarded(f"instance {instance}", lambda: _instance(api, configuration, instance, now))
 
 
@@ -189,16 +190,19 @@ def _instance(api: BrokerApi, configuration: str, name: str, now: datetime | Non
     config_obj = api.get_or_none(api.akri.get_configuration, configuration)
     instances = [rules.InstanceFacts.from_object(obj)] if obj else []
     config = rules.ConfigFacts.from_object(config_obj) if config_obj else None
-    selector = f"{rules.INSTANCE_LABEL}={name}"
-    found = api.list(rules.POD, selector) + api.list(rules.SERVICE, selector)
-    if config is None or _wants_jobs(config):
-        found += api.list(rules.JOB, selector)
+    found: list[rules.Found] = []
+    if rules.label_value_ok(name):  # else no selector can find it, nor could we label it
+        selector = f"{rules.INSTANCE_LABEL}={name}"
+        found = api.list(rules.POD, selector) + api.list(rules.SERVICE, selector)
+        if config is None or _wants_jobs(config):
+            found += api.list(rules.JOB, selector)
     if config is not None and config.spec.get("configurationServiceSpec"):
         service = api.read(rules.SERVICE, rules.configuration_service_name(configuration))
         found += [service] if service else []
     nodes = api.live_nodes({n for i in instances for n in i.nodes})
+    scope = rules.Scope(instance=name)
     return _apply(
-        api, f"instance {name}", configuration, config, instances, found, nodes, now, name
+        api, f"instance {name}", configuration, config, instances, found, nodes, now, scope
     )
 
 
@@ -208,11 +212,21 @@ def _configuration(api: BrokerApi, configuration: str, now: datetime | None) -> 
     config_obj = api.get_or_none(api.akri.get_configuration, configuration)
     instances = _instances(api, configuration)
     selector = f"{rules.CONFIGURATION_LABEL}={configuration}"
-    found = [f for kind in (rules.POD, rules.JOB, rules.SERVICE) for f in api.list(kind, selector)]
+    kinds = (rules.POD, rules.JOB, rules.SERVICE) if rules.label_value_ok(configuration) else ()
+    found = [f for kind in kinds for f in api.list(kind, selector)]
     config = rules.ConfigFacts.from_object(config_obj) if config_obj else None
     nodes = api.live_nodes()
+    scope = rules.Scope(configuration_level=True)
     return _apply(
-        api, f"configuration {configuration}", configuration, config, instances, found, nodes, now
+        api,
+        f"configuration {configuration}",
+        configuration,
+        config,
+        instances,
+        found,
+        nodes,
+        now,
+        scope,
     )
 
 
@@ -254,16 +268,16 @@ def _wants_jobs(config: rules.ConfigFacts) -> bool:
 # --- plan and write -------------------------------------------------------------------------
 def _apply(
     api: BrokerApi,
-    scope: str,
+    label: str,
     configuration: str,
     config: rules.ConfigFacts | None,
     instances: list[rules.InstanceFacts],
     found: list[rules.Found],
     nodes: set[str],
     now: datetime | None,
-    scope_instance: str | None = None,
+    scope: rules.Scope = rules.WHOLE,
 ) -> Outcome:
-    outcome = Outcome(scope)
+    outcome = Outcome(label)
     key = _config_key(config)
     state = _state(api.namespace, configuration)
     blocked = config is not None and state is not None and state.blocks(key)
@@ -274,7 +288,7 @@ def _apply(
         configuration=configuration,
         live_nodes=nodes,
         now=now or timezone.now(),
-        scope_instance=scope_instance,
+        scope=scope,
     )
     if blocked:
         # Refused before under this very Configuration: only removals until it changes.
@@ -296,7 +310,8 @@ def _apply(
             break  # the spec is at fault: every other create would be refused the same way
     book.save()
     if config is not None:
-        _record_state(api.namespace, configuration, key, outcome, scope_instance is None)
+        _record_state(api.namespace, configuration, key, outcome, scope.instance is None)
+    outcome.needs_configuration = plan.needs_configuration
     return outcome
 
 

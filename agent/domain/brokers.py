@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from agent.domain.naming import is_qualified_name
+
 AKRI_API_VERSION = "akri.sh/v0"
 PLACEHOLDER = "{{PLACEHOLDER}}"
 APP_LABEL = "app"
@@ -182,6 +184,7 @@ class Plan:
     adopt: list[Adopt] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # objects left alone: names not ours
     error: str = ""  # the Configuration's broker request is unusable (BrokerSpecError)
+    needs_configuration: bool = False  # an Instance-scoped run found work for its Configuration
 
     def empty(self) -> bool:
         return not (self.create or self.delete or self.adopt)
@@ -490,6 +493,37 @@ def is_ours(found: Found, configuration: str) -> bool:
 
 
 # --- the plan -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scope:
+    """The part of a Configuration's objects one run decides about.
+
+    - whole (the default): everything;
+    - ``instance``: that Instance's Pods or Job and its Service. The Configuration Service is
+      not decided (the run saw only this Instance's pods); ``Plan.needs_configuration`` asks
+      for a Configuration-level run when it is missing while a pod of this Instance runs;
+    - ``configuration_level``: objects of no Instance (the Configuration Service, replica
+      pods) and those of Instances that are gone.
+    """
+
+    instance: str | None = None
+    configuration_level: bool = False
+
+    def covers(self, labels: Mapping[str, str], known: set[str]) -> bool:
+        owner = labels.get(INSTANCE_LABEL)
+        if self.instance is not None:
+            return owner == self.instance
+        if self.configuration_level:
+            return owner is None or owner not in known
+        return True
+
+    @property
+    def sees_all_pods(self) -> bool:
+        return self.instance is None
+
+
+WHOLE = Scope()
+
+
 def plan(
     config: ConfigFacts | None,
     instances: Iterable[InstanceFacts],
@@ -498,16 +532,15 @@ def plan(
     configuration: str,
     live_nodes: set[str] | None,
     now: datetime,
-    scope_instance: str | None = None,
+    scope: Scope = WHOLE,
 ) -> Plan:
-    """The writes that take ``found`` to what ``config`` wants.
+    """The writes that take ``found`` to what ``config`` wants, within ``scope``.
 
     ``config`` None means the Configuration is gone: every broker object of ours goes.
-    ``scope_instance`` limits the plan to one Instance's objects (its Pods/Jobs and Instance
-    Service); the Configuration Service and replica pods are then planned only when
-    created, never deleted, because the caller saw only part of the pods.
+    ``found`` must hold every object of the scope (and, for Services, the pods they serve).
     """
     instances = [i for i in instances if i.configuration == configuration]
+    known = {i.name for i in instances if not i.deleting}
     found = list(found)
     result = Plan()
     try:
@@ -515,28 +548,42 @@ def plan(
     except BrokerSpecError as exc:
         result.error = str(exc)
         return result  # leave what exists: an unusable edit must not tear brokers down
+    if kind is None:
+        known = set()  # no brokers wanted: a Configuration-level run takes everything of ours
+    if kind is not None:
+        result.error, instances = _unlabelable(configuration, instances)
     wanted = wanted_brokers(config, kind, instances, live_nodes) if kind else {}
-    if scope_instance is not None:
-        wanted = {
-            n: b
-            for n, b in wanted.items()
-            if b["metadata"]["labels"].get(INSTANCE_LABEL) == scope_instance
-        }
-    ours = [f for f in found if is_ours(f, configuration)]
+    wanted = {n: b for n, b in wanted.items() if scope.covers(b["metadata"]["labels"], known)}
+    ours = [f for f in found if is_ours(f, configuration) and scope.covers(f.labels, known)]
     by_name = {(f.kind, f.name): f for f in found}
-    _plan_brokers(result, wanted, ours, by_name, now, scope_instance)
+    _plan_brokers(result, wanted, ours, by_name, now)
     pods_after = _pods_after(found, configuration, result)
-    if config is not None and kind is not None:
-        _plan_services(result, config, instances, ours, by_name, pods_after, scope_instance)
-    else:
-        for f in ours:
-            if f.kind == SERVICE and _in_scope(f, scope_instance):
-                result.delete.append(Delete(SERVICE, f.name, f.uid, "no brokers wanted"))
+    services = _wanted_services(config, instances, scope, known) if kind else []
+    _plan_services(result, configuration, services, ours, by_name, pods_after)
+    if scope.instance is not None and config is not None and kind is not None:
+        result.needs_configuration = _configuration_service_missing(config, by_name, pods_after)
     return result
 
 
-def _in_scope(found: Found, scope_instance: str | None) -> bool:
-    return scope_instance is None or found.labels.get(INSTANCE_LABEL) == scope_instance
+def _unlabelable(
+    configuration: str, instances: list[InstanceFacts]
+) -> tuple[str, list[InstanceFacts]]:
+    """Names Akri's labels cannot carry (a label value has at most 63 characters): no
+    broker for those, and a reason to show."""
+    if not label_value_ok(configuration):
+        return f"Configuration name {configuration!r} is not a valid label value", []
+    bad = [i.name for i in instances if not label_value_ok(i.name)]
+    if not bad:
+        return "", instances
+    error = (
+        f"Instance name {bad[0]!r} is not a valid label value (at most 63 characters)"
+        f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: no broker for it"
+    )
+    return error, [i for i in instances if i.name not in bad]
+
+
+def label_value_ok(value: str) -> bool:
+    return is_qualified_name(value) and "/" not in value
 
 
 def _plan_brokers(
@@ -545,10 +592,9 @@ def _plan_brokers(
     ours: list[Found],
     by_name: dict[tuple[str, str], Found],
     now: datetime,
-    scope_instance: str | None,
 ) -> None:
     for f in ours:
-        if f.kind == SERVICE or not _in_scope(f, scope_instance):
+        if f.kind == SERVICE:
             continue
         body = wanted.get(f.name)
         if body is None or body["kind"] != f.kind:
@@ -600,53 +646,62 @@ def _pods_after(found: list[Found], configuration: str, result: Plan) -> list[Fo
     ]
 
 
+def _wanted_services(
+    config: ConfigFacts, instances: list[InstanceFacts], scope: Scope, known: set[str]
+) -> list[tuple[dict[str, Any], str | None]]:
+    """Services the Configuration asks for in ``scope``, each with the Instance whose pods
+    it serves (None: every pod of the Configuration)."""
+    wanted: list[tuple[dict[str, Any], str | None]] = []
+    if config.spec.get("instanceServiceSpec"):
+        for instance in instances:
+            body = instance_service(config, instance)
+            if not instance.deleting and scope.covers(body["metadata"]["labels"], known):
+                wanted.append((body, instance.name))
+    if config.spec.get("configurationServiceSpec") and scope.sees_all_pods:
+        wanted.append((configuration_service(config), None))
+    return wanted
+
+
 def _plan_services(
     result: Plan,
-    config: ConfigFacts,
-    instances: list[InstanceFacts],
+    configuration: str,
+    wanted: list[tuple[dict[str, Any], str | None]],
     ours: list[Found],
     by_name: dict[tuple[str, str], Found],
     pods: list[Found],
-    scope_instance: str | None,
 ) -> None:
-    wanted: list[tuple[dict[str, Any], list[Found]]] = []
-    if config.spec.get("instanceServiceSpec"):
-        for instance in instances:
-            if instance.deleting or not _in_scope_name(instance.name, scope_instance):
-                continue
-            mine = [p for p in pods if p.labels.get(INSTANCE_LABEL) == instance.name]
-            wanted.append((instance_service(config, instance), mine))
-    if config.spec.get("configurationServiceSpec"):
-        wanted.append((configuration_service(config), pods))
     keep = set()
-    for body, pods_of in wanted:
+    for body, instance in wanted:
         name = body["metadata"]["name"]
+        served = [p for p in pods if instance is None or p.labels.get(INSTANCE_LABEL) == instance]
         existing = by_name.get((SERVICE, name))
-        running = any(p.phase in RUNNING_PHASES for p in pods_of)
-        alive = any(p.phase not in ENDED_PHASES for p in pods_of)
-        partial = scope_instance is not None and INSTANCE_LABEL not in body["metadata"]["labels"]
+        running = any(p.phase in RUNNING_PHASES for p in served)
         if existing is None:
             if running:
                 result.create.append(body)
             continue
-        if not is_ours(existing, config.name):
+        if not is_ours(existing, configuration):
             if running:
                 result.problems.append(f"Service {name} exists but is not ours: left alone")
             continue
-        if alive or partial:
+        if any(p.phase not in ENDED_PHASES for p in served):
             keep.add(name)
             owner = body["metadata"]["ownerReferences"][0]
             if owner["uid"] not in {uid for _, _, uid in existing.owners}:
                 result.adopt.append(Adopt(SERVICE, name, owner))
     for f in ours:
         if f.kind == SERVICE and f.name not in keep and not f.deleting:
-            if scope_instance is not None and f.labels.get(INSTANCE_LABEL) != scope_instance:
-                continue
             result.delete.append(Delete(SERVICE, f.name, f.uid, "no broker pod left"))
 
 
-def _in_scope_name(instance: str, scope_instance: str | None) -> bool:
-    return scope_instance is None or instance == scope_instance
+def _configuration_service_missing(
+    config: ConfigFacts, by_name: dict[tuple[str, str], Found], pods: list[Found]
+) -> bool:
+    return (
+        bool(config.spec.get("configurationServiceSpec"))
+        and (SERVICE, configuration_service_name(config.name)) not in by_name
+        and any(p.phase in RUNNING_PHASES for p in pods)
+    )
 
 
 # --- the world after a plan (for tests, simulations and the benchmark's bookkeeping) --------
