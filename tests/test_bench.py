@@ -32,6 +32,7 @@ KEYS = {
     "sweep": {"duration_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
+    "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
 }
 
 
@@ -65,3 +66,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert math.isfinite(value) and value >= 0, last
     if name == "contention":
         assert figures["double_holders"] == "0", last
+    if name == "brokers":
+        assert (figures["duplicates"], figures["missing"]) == ("0", "0"), last

@@ -50,7 +50,7 @@ class BrokerController:
     ) -> None:
         self.namespace = namespace
         self.sync = sync
-        self.dispatch = dispatcher or Dispatcher()
+        self.dispatch = dispatcher or Dispatcher(client=api_client)
         self._instances: dict[str, tuple[Any, ...]] = {}
         self._phases: dict[tuple[str, str], tuple[str, bool]] = {}
         core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)

@@ -70,14 +70,14 @@ def api_client() -> Any:
         return _clients[path]
 
 
-def run_key(key: str, lock_url: str = "") -> engine.Outcome:
+def run_key(key: str, lock_url: str = "", client: Any = None) -> engine.Outcome:
     """Run the work ``key`` names under its lock; Busy when another run holds it."""
     with pass_lock(f"brokers:{key}", lock_url) as got:
         if not got:
             raise Busy(key)
         scope, _, rest = key.partition(":")
         parts = rest.split("/")
-        api = engine.BrokerApi(api_client(), parts[0])
+        api = engine.BrokerApi(client or api_client(), parts[0])
         if scope == "instance":
             outcome = engine.reconcile_instance(api, parts[1], parts[2])
         elif scope == "configuration":
@@ -93,10 +93,11 @@ def run_key(key: str, lock_url: str = "") -> engine.Outcome:
 class Dispatcher:
     """Sends keys to Celery, or to the in-process runner when tasks run eagerly."""
 
-    def __init__(self, app: Any = None) -> None:
+    def __init__(self, app: Any = None, client: Any = None) -> None:
         if app is None:
             from akri_site.celery import app
         self.app = app
+        self.client = client  # for runs in this process (embedded); Celery workers use settings
 
     def instance(self, namespace: str, configuration: str, instance: str) -> None:
         self.send(instance_key(namespace, configuration, instance))
@@ -131,7 +132,7 @@ class Dispatcher:
             conn.close()
 
     def local(self) -> LocalRunner:
-        return local_runner()
+        return local_runner(self.client)
 
     def stop(self) -> None:
         """Stop the embedded runner (it starts again on the next key)."""
@@ -146,12 +147,15 @@ _local: LocalRunner | None = None
 _local_guard = threading.Lock()
 
 
-def local_runner() -> LocalRunner:
-    """The process's embedded runner (one per process: serialization needs a single queue)."""
+def local_runner(client: Any = None) -> LocalRunner:
+    """The process's embedded runner (one per process: serialization needs a single queue).
+    ``client``: the API client its runs use (the controller's), else the settings' one."""
     global _local
     with _local_guard:
         if _local is None:
             _local = LocalRunner(run_key).start()
+        if client is not None:
+            _local.client = client
         return _local
 
 
@@ -174,8 +178,9 @@ def clear_pending(redis_url: str, key: str) -> None:
 class LocalRunner:
     """The embedded default's worker: one thread, a queue of distinct keys."""
 
-    def __init__(self, run: Callable[[str], engine.Outcome]) -> None:
+    def __init__(self, run: Callable[..., engine.Outcome]) -> None:
         self.run = run
+        self.client: Any = None
         self._queue: OrderedDict[str, None] = OrderedDict()
         self._retries: dict[str, int] = {}
         self._cond = threading.Condition()
@@ -215,7 +220,7 @@ class LocalRunner:
     def _loop(self) -> None:
         while (key := self._next()) is not None:
             try:
-                self.run(key)
+                self.run(key, client=self.client)
                 self._retries.pop(key, None)
             except (engine.Retry, Busy) as exc:
                 self._later(key, str(exc))

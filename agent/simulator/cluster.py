@@ -82,6 +82,7 @@ class SimulatedCluster:
         self.sim_nodes: list[SimNode] = []
         self.sync: CacheSync | None = None
         self.controller: Any = None
+        self.pod_runner: Any = None
         self._stopped = False
 
     def start(self) -> SimulatedCluster:
@@ -124,6 +125,12 @@ class SimulatedCluster:
             )
             agent.start()
             self.sim_nodes.append(SimNode(name, kubelet, agent, directory))
+        # Broker pods the controller makes get scheduled and run by the nodes' kubelets.
+        from agent.simulator.pod_runner import PodRunner
+
+        kubelets = {n.name: n.kubelet for n in self.sim_nodes}
+        self.pod_runner = PodRunner(new_api_client(self.kubeconfig), self.namespace, kubelets)
+        self.pod_runner.start()
         for body in self.configurations:
             self.akri.create_configuration(body)
         return self
@@ -133,6 +140,8 @@ class SimulatedCluster:
         if self._stopped:
             return
         self._stopped = True
+        if self.pod_runner is not None:
+            self.pod_runner.stop()
         for node in self.sim_nodes:
             node.agent.stop()
             node.kubelet.stop()

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
+from agent.brokers.specs import with_brokers
 from agent.simulator.cluster import SimulatedCluster, WorkloadGenerator, debug_echo_configuration
 
 
@@ -52,8 +53,11 @@ class Command(BaseCommand):
         cluster = SimulatedCluster(
             nodes=options["nodes"],
             configurations=[
-                debug_echo_configuration(
-                    "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
+                # debugEcho brokers, one per Instance and node, as Akri's chart deploys them.
+                with_brokers(
+                    debug_echo_configuration(
+                        "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
+                    )
                 ),
                 debug_echo_configuration(
                     "akri-debug-echo-bar", ["bar0", "bar1", "bar2"], capacity=2, unique=False
@@ -104,3 +108,7 @@ class Command(BaseCommand):
                 tasks.reconcile_cluster.apply(kwargs={"trigger": "schedule"})
             except Exception:  # noqa: BLE001 - the demo keeps going; the run row records errors
                 self.stderr.write("cluster reconciliation failed; see the log")
+            # Beat's broker level pass, queued to the in-process broker runner.
+            from agent.brokers.dispatch import Dispatcher
+
+            Dispatcher().level(settings.AKRI["NAMESPACE"])
