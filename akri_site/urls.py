@@ -9,5 +9,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/", include("akri_site.dashboard.api")),
+    path("", include("agent.brokers.urls")),
     path("", include("akri_site.dashboard.urls")),
 ]

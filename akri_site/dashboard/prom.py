@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 import agent.metrics  # noqa: F401  (registers the per-process series, websocket clients included)
+from agent.brokers.metrics import BrokerCollector
 from agent.models import Instance, Slot, SyncState
 from akri_site.dashboard.slotmap import slot_state
 
@@ -91,6 +92,7 @@ class CacheCollector:
 
 CACHE_REGISTRY = CollectorRegistry(auto_describe=False)
 CACHE_REGISTRY.register(CacheCollector())
+CACHE_REGISTRY.register(BrokerCollector())  # akri_broker_pod_count (agent.brokers)
 
 
 @require_GET
