@@ -415,3 +415,16 @@ def test_a_failing_send_does_not_stop_the_coalescer():
     finally:
         coalescer.stop()
     assert sent[0]["instances"] == [2]
+
+
+@pytest.mark.django_db
+def test_a_burst_of_thousands_of_changed_instances_is_published_whole():
+    # One OR'ed condition per key went past SQLite's expression depth at 500 keys and the
+    # whole update was dropped; grouped name lookups in bounded chunks keep every row.
+    make_cluster(instances=2500, capacity=1)
+    keys = [f"default/{name}" for name in Instance.objects.values_list("name", flat=True)]
+    messages = live.build_messages(instances=keys + [Instance.objects.first().pk])
+    sent = [row["key"] for m in messages for row in m["instances"]]
+    assert len(sent) == 2500
+    assert set(sent) == set(keys)
+    assert all(m["removed"] == [] for m in messages)

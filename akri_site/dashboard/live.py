@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 LIVE_GROUP = "akri.live"
 # Instances per channel-layer message: keeps each message small (Redis, browsers).
 CHUNK = 200
+# Instances looked up per query when building messages (SQLite allows 32,766 parameters).
+LOOKUP_CHUNK = 2000
 
 InstanceRef = int | str
 
@@ -60,7 +62,15 @@ def build_messages(
 ) -> list[dict[str, Any]]:
     """The ``live.delta`` messages describing the current state of what changed."""
     ids, keys = parse_instance_refs(instances)
-    rows = serialize(Instance.objects.filter(refs_query(ids, keys))) if ids or keys else []
+    rows = []
+    # Bounded lookups: each query's parameter count stays within every backend's limit.
+    ordered_ids, ordered_keys = sorted(ids), sorted(keys)
+    for i in range(0, max(len(ordered_ids), len(ordered_keys)), LOOKUP_CHUNK):
+        part_ids = set(ordered_ids[i : i + LOOKUP_CHUNK])
+        part_keys = set(ordered_keys[i : i + LOOKUP_CHUNK])
+        rows.extend(serialize(Instance.objects.filter(refs_query(part_ids, part_keys))))
+    # An Instance named both by id and by key in different chunks is sent once.
+    rows = list({row["key"]: row for row in rows}.values())
     found = {row["key"] for row in rows}
     gone = {instance_key(ns, name) for ns, name in keys} - found
     _, removed_keys = parse_instance_refs(removed)

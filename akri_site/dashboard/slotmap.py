@@ -106,9 +106,15 @@ def parse_instance_refs(refs: Iterable[int | str]) -> tuple[set[int], set[tuple[
 
 
 def refs_query(ids: set[int], keys: set[tuple[str, str]]) -> Q:
+    """The Instances named by ids and keys: one ``name IN (...)`` per namespace, so the
+    query grows linearly (one OR'ed condition per key grew as N² on PostgreSQL, and past 500
+    keys went beyond SQLite's expression depth, dropping the whole update)."""
     query = Q(pk__in=ids) if ids else Q(pk__in=[])
+    names: dict[str, list[str]] = defaultdict(list)
     for ns, name in keys:
-        query |= Q(namespace=ns, name=name)
+        names[ns].append(name)
+    for ns, in_ns in names.items():
+        query |= Q(namespace=ns, name__in=sorted(in_ns))
     return query
 
 
