@@ -9,6 +9,7 @@ import uuid
 import pytest
 from celery import signals
 from celery.contrib.testing.worker import start_worker
+from django.db import connections
 
 from agent.brokers import dispatch, tasks
 from agent.controller import Controller
@@ -37,8 +38,16 @@ def redis_broker(settings):
     saved = {k: app.conf[k] for k in ("broker_url", "task_always_eager", "task_default_queue")}
     queue = f"test-brokers-{uuid.uuid4().hex[:8]}"  # other runs on this Redis never take ours
     app.conf.update(broker_url=REDIS_URL, task_always_eager=False, task_default_queue=queue)
+    # The in-thread worker's thread ends with the test: its connections must end too (a
+    # worker process keeps them for reuse, which is what CONN_MAX_AGE is for).
+    signals.task_postrun.connect(_close_connections, weak=False)
     yield queue
+    signals.task_postrun.disconnect(_close_connections)
     app.conf.update(saved)
+
+
+def _close_connections(**kwargs):
+    connections.close_all()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import logging
 import threading
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils.dateparse import parse_datetime
 from kubernetes import client
 
@@ -79,7 +79,7 @@ class BrokerController:
         self.sync.subscribe(self._on_sync)
         for watcher in self.watchers:
             thread = threading.Thread(
-                target=watcher.run, name=f"brokers-{watcher.kind}", daemon=True
+                target=_run, args=(watcher,), name=f"brokers-{watcher.kind}", daemon=True
             )
             thread.start()
             self._threads.append(thread)
@@ -176,6 +176,13 @@ class BrokerController:
             self._phases[(kind, meta["name"])] = (phase, bool(meta.get("deletionTimestamp")))
         Broker.objects.filter(namespace=self.namespace, kind=kind).exclude(name__in=names).delete()
         close_old_connections()
+
+
+def _run(watcher: ResourceWatcher) -> None:
+    try:
+        watcher.run()
+    finally:
+        connections.close_all()  # the watch thread's connections end with it
 
 
 def _instances_of(namespace: str, configuration: str) -> list[str]:

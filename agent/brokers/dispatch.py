@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from agent.brokers import engine
 from agent.kube.client import new_api_client
@@ -218,6 +218,12 @@ class LocalRunner:
             return key
 
     def _loop(self) -> None:
+        try:
+            self._work()
+        finally:
+            connections.close_all()  # this thread's connections end with it
+
+    def _work(self) -> None:
         while (key := self._next()) is not None:
             try:
                 self.run(key, client=self.client)
