@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from kubernetes.client.rest import ApiException
 
 from agent.brokers import engine
 from agent.brokers.models import BrokerAction, ConfigurationBrokers
@@ -278,3 +279,43 @@ def _with_replicas(replicas: str) -> dict:
     body = with_brokers(configuration_body("cams"))
     body["metadata"]["annotations"] = {rules.REPLICAS: replicas}
     return body
+
+
+def test_a_broker_spec_we_cannot_use_is_reported_and_blocks_only_its_configuration(
+    world, api, caplog
+):
+    a = world.node("a")
+    world.configuration("mics", brokerSpec={"brokerPodSpec": {"containers": []}})
+    world.configuration("cams")
+    world.instance("mics-8120fe", (a,), configuration="mics")
+    world.instance(CAMS, (a,))
+
+    with caplog.at_level("ERROR", logger="agent.brokers.engine"):
+        run = engine.level_pass(api)
+
+    assert "containers must be a non-empty list" in run.error
+    assert world.pod_names() == {f"{a}-{CAMS}-pod"}
+    row = ConfigurationBrokers.objects.get(configuration="mics")
+    assert "containers must be a non-empty list" in row.error
+    assert "mics blocked" in caplog.text
+    assert not ConfigurationBrokers.objects.filter(configuration="cams").exclude(error="").exists()
+
+
+def test_both_pod_and_job_specs_are_refused_by_the_crd_or_reported(world, api):
+    a = world.node("a")
+    both = {
+        "brokerPodSpec": {"containers": [{"name": "b", "image": "nginx"}]},
+        "brokerJobSpec": {"template": {"spec": {"containers": [{"name": "j", "image": "x"}]}}},
+    }
+    try:
+        world.configuration("cams", brokerSpec=both)
+    except ApiException as exc:  # the CRD's oneOf (a real server validates it)
+        assert exc.status == 422 and "brokerSpec" in exc.body
+        return
+    world.instance(CAMS, (a,))
+
+    run = engine.reconcile_instance(api, "cams", CAMS)
+
+    assert "both brokerPodSpec and brokerJobSpec" in run.error
+    assert world.pod_names() == set()
+    assert "both" in ConfigurationBrokers.objects.get(configuration="cams").error

@@ -47,6 +47,7 @@ def test_the_instance_page_lists_its_brokers_by_node_and_its_services(login, bro
     html = response.content.decode()
     row = html[html.index(f'data-broker="{POD}"') :].split("</tr>")[0]
     assert "node-a" in row and "Running" in row and "created" in row and "3 min" in row
+    assert f"/slots/?pod=default%2F{POD}" in row  # the slots the broker holds
     assert f'data-service="{INSTANCE}-svc"' in html and 'data-service="akri-onvif-svc"' in html
     assert "brokers/brokers.js" in html
 

@@ -421,3 +421,12 @@ def test_any_interleaving_ends_in_the_desired_set_without_duplicates(events, sha
     with_pods = {i.name for i in instances.values() if i.nodes}
     expected = {rules.instance_service_name(n) for n in with_pods}
     assert services == expected | ({"cams-svc"} if with_pods else set())
+
+
+def test_names_too_long_for_akris_labels_get_no_broker_and_say_why():
+    long = instance(name="cams-" + "x" * 60)
+
+    result = plan(pod_config(), [long, instance()], [], configuration="cams", live_nodes=None, now=NOW)  # fmt: skip
+
+    assert names(result.create) == ["node-a-cams-8120fe-pod"]
+    assert "not a valid label value" in result.problems[0] and result.error == ""

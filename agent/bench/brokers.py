@@ -25,6 +25,7 @@ from kubernetes import client
 
 from agent.bench import ensure_migrated
 from agent.bench.claims import instance_body
+from agent.brokers.models import BrokerAction
 from agent.brokers.specs import with_brokers
 from agent.domain import brokers as rules
 from agent.kube.client import AkriApi, new_api_client
@@ -56,6 +57,9 @@ def bench_brokers(quick: bool = False, stdout: Any = None) -> dict[str, object]:
         "duplicates": figures["duplicates"],
         "api_writes_per_object": round(writes / objects, 3),
         "objects": objects,
+        "creates_answered_409": BrokerAction.objects.filter(
+            namespace=namespace, action=BrokerAction.Action.ADOPTED
+        ).count(),
         "missing": max(0, objects - figures["objects"]),
         "mode": mode,
     }

@@ -551,7 +551,11 @@ def plan(
     if kind is None:
         known = set()  # no brokers wanted: a Configuration-level run takes everything of ours
     if kind is not None:
-        result.error, instances = _unlabelable(configuration, instances)
+        problem, instances = _unlabelable(configuration, instances)
+        if problem and not instances:
+            result.error = problem  # the Configuration's own name: nothing can be deployed
+        elif problem:
+            result.problems.append(problem)
     wanted = wanted_brokers(config, kind, instances, live_nodes) if kind else {}
     wanted = {n: b for n, b in wanted.items() if scope.covers(b["metadata"]["labels"], known)}
     ours = [f for f in found if is_ours(f, configuration) and scope.covers(f.labels, known)]
