@@ -29,9 +29,13 @@ Where we differ from Akri, on purpose:
   Pods ``<configuration>-<i>-broker``, owned by the Configuration, each asking
   ``akri.sh/<configuration>`` (any device of the kind, through the Configuration-level plugin)
   instead of one Pod per Instance and node. An annotation, because the CRD schema is Akri's.
+- Instance Services also carry the Configuration's label, so one list finds every object
+  of a Configuration; Akri's own Instance Services (without it) are recognised too.
 - Objects are touched only when they carry our labels (``controller=akri.sh`` and the
   Configuration's label) and an ownerReference to the Instance or Configuration they belong to.
   A name taken by anything else is reported and left alone.
+- Names Akri's labels cannot carry (over 63 characters) get no broker and are reported: Akri
+  would fail on them at the API server, over and over.
 """
 
 from __future__ import annotations
