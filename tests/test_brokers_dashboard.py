@@ -113,3 +113,19 @@ def test_the_watch_mirror_keeps_phase_node_and_age():
     row = Broker.objects.get(name=POD)
     assert (row.phase, row.node, row.instance, row.uid) == ("Running", "node-a", INSTANCE, "u1")
     assert row.created_at.year == 2026 and Broker.objects.count() == 1
+
+
+def test_broker_history_past_the_retention_is_pruned(settings):
+    from agent.brokers.tasks import prune_actions
+
+    settings.AKRI = {**settings.AKRI, "RUN_RETENTION_HOURS": 1.0}
+    old = BrokerAction.objects.create(
+        namespace="default", configuration="c", kind="Pod", name="p", action="created"
+    )
+    BrokerAction.objects.filter(pk=old.pk).update(at=timezone.now() - timedelta(hours=2))
+    BrokerAction.objects.create(
+        namespace="default", configuration="c", kind="Pod", name="p", action="deleted"
+    )
+
+    assert prune_actions() == 1
+    assert list(BrokerAction.objects.values_list("action", flat=True)) == ["deleted"]

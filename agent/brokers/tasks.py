@@ -8,11 +8,14 @@ locked retries shortly, after the run holding it.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from agent.brokers import dispatch, engine
+from agent.brokers.models import BrokerAction
 
 log = logging.getLogger(__name__)
 
@@ -39,5 +42,14 @@ def run_brokers(self, key: str) -> dict | None:
 
 @shared_task(ignore_result=True)
 def level_pass(namespace: str | None = None) -> None:
-    """Beat's repair pass: enqueued like any other key, so it is serialized the same way."""
+    """Beat's repair pass: enqueued like any other key, so it is serialized the same way.
+    Broker history older than the reconciliation history's retention goes at the same time."""
     dispatch.Dispatcher().level(namespace or settings.AKRI["NAMESPACE"])
+    prune_actions()
+
+
+def prune_actions() -> int:
+    hours = float(settings.AKRI["RUN_RETENTION_HOURS"])
+    cutoff = timezone.now() - timedelta(hours=hours)
+    deleted, _ = BrokerAction.objects.filter(at__lt=cutoff).delete()
+    return deleted
