@@ -121,7 +121,9 @@ class BrokerApi:
             rules.SERVICE: self.core.delete_namespaced_service,
         }
         self.writes += 1
-        funcs[kind](name, self.namespace, body=options)
+        # Unparsed: for a Service a 1.20 server answers a Status, which the client would
+        # fail to read as the Service its signature promises.
+        funcs[kind](name, self.namespace, body=options, _preload_content=False).release_conn()
 
     def set_owner(self, kind: str, name: str, owner: dict[str, Any]) -> None:
         assert kind == rules.SERVICE
