@@ -198,7 +198,9 @@ def _instance(api: BrokerApi, configuration: str, name: str, now: datetime | Non
         found = api.list(rules.POD, selector) + api.list(rules.SERVICE, selector)
         if config is None or _wants_jobs(config):
             found += api.list(rules.JOB, selector)
-    if config is not None and config.spec.get("configurationServiceSpec"):
+    running = any(f.kind == rules.POD and f.phase in rules.RUNNING_PHASES for f in found)
+    if running and config is not None and config.spec.get("configurationServiceSpec"):
+        # Only a running pod makes the Configuration Service wanted: read it only then.
         service = api.read(rules.SERVICE, rules.configuration_service_name(configuration))
         found += [service] if service else []
     nodes = api.live_nodes({n for i in instances for n in i.nodes})
@@ -311,7 +313,7 @@ def _apply(
             outcome.error = refused
             break  # the spec is at fault: every other create would be refused the same way
     book.save()
-    if config is not None:
+    if config is not None and (state is not None or outcome.error or outcome.problems):
         _record_state(api.namespace, configuration, key, outcome, scope.instance is None)
     outcome.needs_configuration = plan.needs_configuration
     return outcome
