@@ -357,8 +357,9 @@ class ModelCluster:
                 self.objects[(item.kind, item.name)] = Found(**{**old.__dict__, "owners": owners})
 
     def run_pods(self) -> None:
+        """The kubelet: Pending pods start; a Failed one stays Failed."""
         for key, f in list(self.objects.items()):
-            if f.kind == rules.POD:
+            if f.kind == rules.POD and f.phase == "Pending":
                 self.objects[key] = Found(**{**f.__dict__, "phase": "Running"})
 
 
@@ -415,6 +416,7 @@ def test_any_interleaving_ends_in_the_desired_set_without_duplicates(events, sha
     wanted = rules.wanted_brokers(c, broker_kind(c), instances.values(), None)
     pods = {name for kind, name in cluster.objects if kind == rules.POD}
     assert pods == set(wanted)
+    assert all(f.phase == "Running" for f in cluster.objects.values() if f.kind == rules.POD)
     targets = [(f.labels[rules.INSTANCE_LABEL], f.labels[rules.TARGET_NODE_LABEL]) for f in cluster.objects.values() if f.kind == rules.POD]  # fmt: skip
     assert len(targets) == len(set(targets))
     services = {name for kind, name in cluster.objects if kind == rules.SERVICE}
