@@ -23,7 +23,7 @@ import logging
 import threading
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils.dateparse import parse_datetime
 from kubernetes import client
 
@@ -175,7 +175,6 @@ class BrokerController:
             phase = (obj.get("status") or {}).get("phase") or ""
             self._phases[(kind, meta["name"])] = (phase, bool(meta.get("deletionTimestamp")))
         Broker.objects.filter(namespace=self.namespace, kind=kind).exclude(name__in=names).delete()
-        close_old_connections()
 
 
 def _run(watcher: ResourceWatcher) -> None:
