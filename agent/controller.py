@@ -43,24 +43,65 @@ def pod_resources(pod: dict[str, Any]) -> dict[str, int]:
     return wanted
 
 
-def apply_pod(obj: dict[str, Any]) -> bool:
-    """Mirror a pod that uses Akri resources; True when the cache changed."""
+def pod_fields(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The cache row's columns (but namespace and name) of a pod that uses Akri resources;
+    None for any other pod."""
     meta = obj.get("metadata") or {}
     resources = pod_resources(obj)
     if not resources:
+        return None
+    return {
+        "uid": meta.get("uid", ""),
+        "node_name": (obj.get("spec") or {}).get("nodeName") or "",
+        "phase": (obj.get("status") or {}).get("phase") or "",
+        "resources": resources,
+        "deleting": bool(meta.get("deletionTimestamp")),
+    }
+
+
+def apply_pod(obj: dict[str, Any]) -> bool:
+    """Mirror a pod that uses Akri resources; True when the cache changed."""
+    fields = pod_fields(obj)
+    if fields is None:
         return False
+    meta = obj["metadata"]
     Pod.objects.update_or_create(
-        namespace=meta.get("namespace", ""),
-        name=meta["name"],
-        defaults={
-            "uid": meta.get("uid", ""),
-            "node_name": (obj.get("spec") or {}).get("nodeName") or "",
-            "phase": (obj.get("status") or {}).get("phase") or "",
-            "resources": resources,
-            "deleting": bool(meta.get("deletionTimestamp")),
-        },
+        namespace=meta.get("namespace", ""), name=meta["name"], defaults=fields
     )
     return True
+
+
+# Rows per bulk statement: within every backend's parameter limit.
+BATCH = 500
+
+
+def replace_all_pods(items: list[dict[str, Any]]) -> None:
+    """After a relist, the pod cache is the list: rows written in bulk, and only those that
+    differ (a thousand-node cluster relists tens of thousands of pods at every start)."""
+    wanted: dict[tuple[str, str], dict[str, Any]] = {}
+    for obj in items:
+        fields = pod_fields(obj)
+        if fields is not None:
+            meta = obj["metadata"]
+            wanted[(meta.get("namespace", ""), meta["name"])] = fields
+    columns = ["uid", "node_name", "phase", "resources", "deleting"]
+    gone, changed = [], []
+    for row in Pod.objects.all().only("pk", "namespace", "name", *columns).iterator(BATCH):
+        fields = wanted.pop((row.namespace, row.name), None)
+        if fields is None:
+            gone.append(row.pk)
+        elif any(getattr(row, k) != v for k, v in fields.items()):
+            for k, v in fields.items():
+                setattr(row, k, v)
+            row.updated_at = timezone.now()  # bulk_update does not fill auto_now
+            changed.append(row)
+    for i in range(0, len(gone), BATCH):
+        Pod.objects.filter(pk__in=gone[i : i + BATCH]).delete()
+    Pod.objects.bulk_update(changed, [*columns, "updated_at"], batch_size=BATCH)
+    Pod.objects.bulk_create(
+        (Pod(namespace=ns, name=name, **fields) for (ns, name), fields in wanted.items()),
+        batch_size=BATCH,
+    )
 
 
 def node_ready(obj: dict[str, Any]) -> bool:
@@ -189,13 +230,7 @@ class Controller:
             apply_pod(obj)
 
     def _pod_relist(self, items: list[dict[str, Any]]) -> None:
-        keep = set()
-        for obj in items:
-            if apply_pod(obj):
-                keep.add((obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
-        for row in Pod.objects.all().only("namespace", "name"):
-            if (row.namespace, row.name) not in keep:
-                row.delete()
+        replace_all_pods(items)
         close_old_connections()
 
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ KEYS = {
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
     "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
+    "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
 }
 
 
@@ -68,3 +69,5 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert figures["double_holders"] == "0", last
     if name == "brokers":
         assert (figures["duplicates"], figures["missing"]) == ("0", "0"), last
+    if name == "scale":
+        assert figures["dropped"] == "0", last

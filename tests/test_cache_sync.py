@@ -220,3 +220,26 @@ def test_two_writers_of_one_instance_row_take_turns():
     for thread in threads:
         thread.join(timeout=10)
     assert Instance.objects.get(name="cams-8120fe").resource_version == "2"
+
+
+def test_a_relist_reads_the_list_in_pages_and_keeps_every_instance(api, kube, monkeypatch):
+    from agent.kube import watch as watch_module
+
+    monkeypatch.setattr(watch_module, "LIST_PAGE", 7)
+    for i in range(20):
+        api.create_instance(instance_body(f"paged-{i:02d}", 1, configuration="cams"))
+    sync = CacheSync(kube.new_client(), kube.namespace, owner="paged", timeout_seconds=5)
+    try:
+        sync.start()
+        assert sync.wait_synced()
+        assert Instance.objects.filter(name__startswith="paged-").count() == 20
+    finally:
+        sync.stop()
+    if kube.simulator is not None:
+        lists = [
+            r
+            for r in kube.simulator.request_log
+            if r.method == "GET" and r.path.endswith("/instances") and "watch" not in r.query
+        ]
+        assert len(lists) == 3  # 7 + 7 + 6
+        assert all(r.query.get("limit") == "7" for r in lists)

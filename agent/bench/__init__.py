@@ -51,6 +51,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_release",
         "pod deleted in the API server -> its slot free there, 200 pods through an agent",
     ),
+    "scale": (
+        "agent.bench.scale",
+        "bench_scale",
+        "controller sync, memory, change lag and slot map at 40,000 Instances on 1,000 nodes",
+    ),
     "sweep": (
         "agent.bench.reconcile",
         "bench_sweep",

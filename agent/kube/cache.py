@@ -114,6 +114,7 @@ def apply_instance(
     rv = meta.get("resourceVersion", "")
     usage = spec.get("deviceUsage") or {}
     now = timezone.now()
+    fields = _instance_fields(obj, now, direct=direct)
     with transaction.atomic():
         row = _instance_row(namespace, name)
         if row is not None and direct and not_newer(rv, row.resource_version):
@@ -128,21 +129,6 @@ def apply_instance(
             age = (now - row.pending_at).total_seconds() if row.pending_at else PENDING_ECHO_SECONDS
             if age < PENDING_ECHO_SECONDS:
                 return row, False
-        fields: dict[str, Any] = {
-            "uid": meta.get("uid", ""),
-            "resource_version": rv,
-            "configuration_name": spec.get("configurationName", ""),
-            "cdi_name": spec.get("cdiName", ""),
-            "capacity": _as_capacity(spec.get("capacity")),
-            "shared": bool(spec.get("shared", False)),
-            "nodes": list(spec.get("nodes") or []),
-            "broker_properties": dict(spec.get("brokerProperties") or {}),
-            "device_usage": dict(usage),
-            "deleting": bool(meta.get("deletionTimestamp")),
-            "created_at": _created(meta),
-            "pending_rv": rv if direct else "",
-            "pending_at": now if direct else None,
-        }
         if row is None:
             row = Instance.objects.create(namespace=namespace, name=name, **fields)
             existing: dict[str, Slot] = {}
@@ -157,6 +143,28 @@ def apply_instance(
             existing = _slot_rows(row)
         _apply_slots(row, existing, usage, attributions or {}, rv, now)
     return row, True
+
+
+def _instance_fields(obj: dict[str, Any], now: datetime, *, direct: bool = False) -> dict:
+    """The Instance row's columns (all but namespace and name) for an API object."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    rv = meta.get("resourceVersion", "")
+    return {
+        "uid": meta.get("uid", ""),
+        "resource_version": rv,
+        "configuration_name": spec.get("configurationName", ""),
+        "cdi_name": spec.get("cdiName", ""),
+        "capacity": _as_capacity(spec.get("capacity")),
+        "shared": bool(spec.get("shared", False)),
+        "nodes": list(spec.get("nodes") or []),
+        "broker_properties": dict(spec.get("brokerProperties") or {}),
+        "device_usage": dict(spec.get("deviceUsage") or {}),
+        "deleting": bool(meta.get("deletionTimestamp")),
+        "created_at": _created(meta),
+        "pending_rv": rv if direct else "",
+        "pending_at": now if direct else None,
+    }
 
 
 # The two lookups every watch event and every claim's answer makes, as plain SQL through
@@ -216,13 +224,7 @@ def _apply_slots(
         slot = existing.get(view.key)
         before = slot.value if slot is not None else None
         changed = before != value
-        fields: dict[str, Any] = {
-            "index": view.index,
-            "surplus": view.surplus,
-            "level": _LEVEL[view.usage.kind],
-            "holder_node": view.usage.node,
-            "vdev": view.usage.vdev,
-        }
+        fields = _slot_fields(view)
         if changed:
             fields.update(value=value, since=now if value else None)
             fields.update(pod_namespace="", pod_name="", pod_uid="", container="")
@@ -241,6 +243,16 @@ def _apply_slots(
         Slot.objects.filter(pk__in=gone).delete()
 
 
+def _slot_fields(view: Any) -> dict[str, Any]:
+    return {
+        "index": view.index,
+        "surplus": view.surplus,
+        "level": _LEVEL[view.usage.kind],
+        "holder_node": view.usage.node,
+        "vdev": view.usage.vdev,
+    }
+
+
 def record_change(
     row: Instance,
     key: str,
@@ -252,9 +264,21 @@ def record_change(
     at: datetime | None = None,
 ) -> SlotEvent:
     """Append one slot event; without an attribution the cause is inferred from the values."""
+    return SlotEvent.objects.create(**_event_fields(row, key, before, after, attribution, rv, at))
+
+
+def _event_fields(
+    row: Instance,
+    key: str,
+    before: str,
+    after: str,
+    attribution: Attribution | None,
+    rv: str,
+    at: datetime | None,
+) -> dict[str, Any]:
     if attribution is None:
         attribution = _infer(before, after)
-    return SlotEvent.objects.create(
+    return dict(
         at=at or timezone.now(),
         namespace=row.namespace,
         instance=row.name,
@@ -293,13 +317,78 @@ def remove_instance(namespace: str, name: str) -> None:
     Instance.objects.filter(namespace=namespace, name=name).delete()
 
 
+# Rows per bulk statement: within every backend's parameter limit (SQLite: 32,766).
+BATCH = 500
+
+
 def replace_all_instances(namespace: str, objects: list[dict[str, Any]]) -> None:
     """After a relist: drop what the list no longer has, then apply every listed Instance.
-    In that order, so that once any listed state shows in the cache, nothing stale does."""
-    names = {obj["metadata"]["name"] for obj in objects}
-    Instance.objects.filter(namespace=namespace).exclude(name__in=names).delete()
+    In that order, so that once any listed state shows in the cache, nothing stale does.
+
+    At a thousand nodes a relist is tens of thousands of Instances, most of them either
+    unchanged (a restart with a warm cache) or new (a first start): those are skipped or
+    written in bulk; only an Instance whose version moved goes through ``apply_instance``.
+    """
+    known = {
+        name: (pk, rv, pending)
+        for pk, name, rv, pending in Instance.objects.filter(namespace=namespace).values_list(
+            "pk", "name", "resource_version", "pending_rv"
+        )
+    }
+    listed = {obj["metadata"]["name"] for obj in objects}
+    gone = [pk for name, (pk, _, _) in known.items() if name not in listed]
+    for i in range(0, len(gone), BATCH):
+        Instance.objects.filter(pk__in=gone[i : i + BATCH]).delete()
+    new = []
     for obj in objects:
-        apply_instance(obj, relist=True)
+        row = known.get(obj["metadata"]["name"])
+        if row is None:
+            new.append(obj)
+        elif row[1] != obj["metadata"].get("resourceVersion", "") or row[2]:
+            apply_instance(obj, relist=True)
+    for i in range(0, len(new), BATCH):
+        create_instances(namespace, new[i : i + BATCH])
+
+
+def create_instances(namespace: str, objects: list[dict[str, Any]]) -> None:
+    """Mirror Instances the cache does not have yet, with their slots and one event per held
+    slot (as ``apply_instance`` records them), in a handful of statements."""
+    now = timezone.now()
+    with transaction.atomic():
+        rows = Instance.objects.bulk_create(
+            Instance(
+                namespace=namespace, name=obj["metadata"]["name"], **_instance_fields(obj, now)
+            )
+            for obj in objects
+        )
+        if any(row.pk is None for row in rows):  # a backend that returns no keys
+            by_name = dict(
+                Instance.objects.filter(
+                    namespace=namespace, name__in=[row.name for row in rows]
+                ).values_list("name", "pk")
+            )
+            for row in rows:
+                row.pk = by_name[row.name]
+        slots, events = [], []
+        for row in rows:
+            for view in slot_views(row.name, row.capacity, row.device_usage):
+                value = view.usage.raw
+                slots.append(
+                    Slot(
+                        instance=row,
+                        key=view.key,
+                        value=value,
+                        since=now if value else None,
+                        **_slot_fields(view),
+                    )
+                )
+                if value:
+                    fields = _event_fields(
+                        row, view.key, "", value, None, row.resource_version, now
+                    )
+                    events.append(SlotEvent(**fields))
+        Slot.objects.bulk_create(slots, batch_size=BATCH)
+        SlotEvent.objects.bulk_create(events, batch_size=BATCH)
 
 
 def replace_all_configurations(namespace: str, objects: list[dict[str, Any]]) -> None:

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 ListFunc = Callable[..., Any]
 STORE_RV_EVERY = 1.0  # seconds between writes of a watcher's resourceVersion
+LIST_PAGE = 500  # objects per page of a relist
 # An announced write's change arrives within seconds; one this old came in some other way.
 EXPECTED_SECONDS = 60.0
 EXPECTED_MAX = 1024  # announcements kept before expired ones are looked for
@@ -139,12 +140,26 @@ class ResourceWatcher:
 
     # --- steps ----------------------------------------------------------------------------
     def relist(self) -> None:
-        answer = self.list_func(*self.list_args, **self.list_kwargs)
-        if self.to_dict:
-            answer = self.api_client.sanitize_for_serialization(answer)
-        items = answer.get("items") or []
+        # In pages: one unpaginated list of a large cluster holds every object twice over
+        # (the typed models and their dicts) and ties up the API server for seconds. Pages
+        # after the first continue the first one's snapshot; an expired token is a 410,
+        # which relists from the start.
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            kwargs = dict(self.list_kwargs, limit=LIST_PAGE)
+            if token:
+                kwargs["_continue"] = token
+            answer = self.list_func(*self.list_args, **kwargs)
+            if self.to_dict:
+                answer = self.api_client.sanitize_for_serialization(answer)
+            items.extend(answer.get("items") or [])
+            meta = answer.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                break
         self.on_relist(items)
-        self.resource_version = (answer.get("metadata") or {}).get("resourceVersion", "")
+        self.resource_version = meta.get("resourceVersion", "")
         self.relists += 1
         self._store_rv(relisted=True)
         self.synced.set()

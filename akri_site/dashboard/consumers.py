@@ -31,7 +31,7 @@ from akri_site.dashboard.access import can_release, can_view
 from akri_site.dashboard.forms import SlotFilterForm
 from akri_site.dashboard.fragments import instances_html, runs_html
 from akri_site.dashboard.live import LIVE_GROUP
-from akri_site.dashboard.slotmap import base_queryset, iso, narrow, serialize, summary
+from akri_site.dashboard.slotmap import iso, matching, narrow, page_of, summary
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +65,9 @@ def _snapshot(view: str, filters: dict[str, str], release: bool) -> dict[str, An
     instances: list[dict[str, Any]] = []
     truncated = False
     if view == "slots":
-        qs = base_queryset(filters)
-        for row in serialize(qs):
-            narrowed = narrow(row, filters)
-            if narrowed is None:
-                continue
-            if len(instances) == SNAPSHOT_LIMIT:
-                truncated = True
-                break
-            instances.append(narrowed)
+        instances = page_of(matching(filters)[: SNAPSHOT_LIMIT + 1], filters)
+        truncated = len(instances) > SNAPSHOT_LIMIT
+        instances = instances[:SNAPSHOT_LIMIT]
     recent = list(
         reversed(queries.runs(ReconcileRun.objects.order_by("-started_at", "-id")[:SNAPSHOT_RUNS]))
     )

@@ -8,6 +8,7 @@ not read "0 slots" as "this node holds nothing".
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,15 +46,16 @@ DEFAULT_RANGE = "24h"
 def known_nodes() -> set[str]:
     """Nodes in the node cache, and nodes holding slots (a node gone may still hold some)."""
     names = set(Node.objects.values_list("name", flat=True))
-    names.update(
-        Slot.objects.exclude(holder_node="").values_list("holder_node", flat=True).distinct()
-    )
+    # order_by(): the model's default ordering would make DISTINCT return every row.
+    holders = Slot.objects.exclude(holder_node="").order_by().values_list("holder_node")
+    names.update(name for (name,) in holders.distinct())
     return names
 
 
 def _visible_to(node: str) -> bool:
     """Does any Instance list ``node``? (Nodes may be missing from the Node cache.)"""
-    return any(node in (nodes or []) for nodes in Instance.objects.values_list("nodes", flat=True))
+    # The JSON text of ``nodes`` holds each name quoted (as in ``slotmap.matching``).
+    return Instance.objects.filter(nodes__icontains=json.dumps(node)).exists()
 
 
 class _PageMixin(forms.Form):

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -61,31 +61,63 @@ def build_messages(
     runs: Iterable[int] = (),
 ) -> list[dict[str, Any]]:
     """The ``live.delta`` messages describing the current state of what changed."""
+    return list(iter_messages(instances, removed, runs))
+
+
+def iter_messages(
+    instances: Iterable[InstanceRef] = (),
+    removed: Iterable[str] = (),
+    runs: Iterable[int] = (),
+) -> Iterator[dict[str, Any]]:
+    """``build_messages`` one message at a time: after a relist of a large cluster the
+    changed Instances are tens of thousands, read and sent a chunk at a time rather than
+    held all at once. Removed keys and runs ride on the last message."""
     ids, keys = parse_instance_refs(instances)
-    rows = []
-    # Bounded lookups: each query's parameter count stays within every backend's limit.
+    _, removed_keys = parse_instance_refs(removed)
+    run_rows = queries.runs(ReconcileRun.objects.filter(pk__in=list(runs)).order_by("started_at"))
+    found: set[str] = set()
+    common: dict[str, Any] = {}
+    held: dict[str, Any] | None = None
+    for rows in _rows_in_chunks(ids, keys, found):
+        if not common:
+            common = _common()
+        if held is not None:
+            yield held
+        held = {"type": "live.delta", "instances": rows, "removed": [], "runs": []} | common
+    gone = {instance_key(ns, name) for ns, name in keys | removed_keys} - found
+    if held is None:
+        if not (gone or run_rows):
+            return
+        held = {"type": "live.delta", "instances": [], "removed": [], "runs": []} | _common()
+    held["removed"] = sorted(gone)
+    held["runs"] = run_rows
+    yield held
+
+
+def _common() -> dict[str, Any]:
+    return {"summary": summary(), "sync": queries.sync_status(), "at": iso(timezone.now())}
+
+
+def _rows_in_chunks(
+    ids: set[int], keys: set[tuple[str, str]], found: set[str]
+) -> Iterator[list[dict[str, Any]]]:
+    """Serialized rows, at most CHUNK a list, each Instance once; ``found`` collects keys.
+    Lookups are bounded so each query's parameters stay within every backend's limit."""
     ordered_ids, ordered_keys = sorted(ids), sorted(keys)
+    pending: list[dict[str, Any]] = []
     for i in range(0, max(len(ordered_ids), len(ordered_keys)), LOOKUP_CHUNK):
         part_ids = set(ordered_ids[i : i + LOOKUP_CHUNK])
         part_keys = set(ordered_keys[i : i + LOOKUP_CHUNK])
-        rows.extend(serialize(Instance.objects.filter(refs_query(part_ids, part_keys))))
-    # An Instance named both by id and by key in different chunks is sent once.
-    rows = list({row["key"]: row for row in rows}.values())
-    found = {row["key"] for row in rows}
-    gone = {instance_key(ns, name) for ns, name in keys} - found
-    _, removed_keys = parse_instance_refs(removed)
-    gone |= {instance_key(ns, name) for ns, name in removed_keys} - found
-    run_rows = queries.runs(ReconcileRun.objects.filter(pk__in=list(runs)).order_by("started_at"))
-    if not (rows or gone or run_rows):
-        return []
-    common = {"summary": summary(), "sync": queries.sync_status(), "at": iso(timezone.now())}
-    chunks = [rows[i : i + CHUNK] for i in range(0, len(rows), CHUNK)] or [[]]
-    messages = [
-        {"type": "live.delta", "instances": c, "removed": [], "runs": []} | common for c in chunks
-    ]
-    messages[-1]["removed"] = sorted(gone)
-    messages[-1]["runs"] = run_rows
-    return messages
+        for row in serialize(Instance.objects.filter(refs_query(part_ids, part_keys))):
+            if row["key"] in found:  # named both by id and by key
+                continue
+            found.add(row["key"])
+            pending.append(row)
+            if len(pending) == CHUNK:
+                yield pending
+                pending = []
+    if pending:
+        yield pending
 
 
 def send_now(
@@ -110,14 +142,14 @@ def send_now(
 def _send(
     layer: Any, instances: Iterable[InstanceRef], removed: Iterable[str], runs: Iterable[int]
 ) -> int:
+    sent = 0
     try:
-        messages = build_messages(instances, removed, runs)
-        for message in messages:
+        for message in iter_messages(instances, removed, runs):
             async_to_sync(layer.group_send)(LIVE_GROUP, message)
+            sent += 1
     except Exception:
         log.exception("live: could not publish a delta")
-        return 0
-    return len(messages)
+    return sent
 
 
 def _send_closing(*args: Any) -> int:

@@ -206,6 +206,7 @@ def alerts(now: datetime | None = None) -> list[dict[str, Any]]:
     not_ready = list(Node.objects.filter(ready=False, deleted=False).values_list("name", flat=True))
     holding = set(
         Slot.objects.filter(holder_node__in=not_ready)
+        .order_by()  # the default ordering would make DISTINCT return every row
         .values_list("holder_node", flat=True)
         .distinct()
     )

@@ -98,7 +98,8 @@ def _live_query(view: str, filters: dict[str, str]) -> str:
 
 def _filter_choices() -> dict[str, list[str]]:
     configurations = set(Configuration.objects.values_list("name", flat=True))
-    configurations.update(Instance.objects.values_list("configuration_name", flat=True).distinct())
+    in_use = Instance.objects.order_by().values_list("configuration_name").distinct()
+    configurations.update(name for (name,) in in_use)
     return {"configurations": sorted(configurations), "nodes": sorted(known_nodes())}
 
 
@@ -129,10 +130,10 @@ def slot_map(request: HttpRequest) -> HttpResponse:
         return _render(request, "dashboard/slots.html", 400, errors=_errors(form), **context)
     filters = form.filters()
     try:
-        page = _paginate(slotmap.slot_map(filters), form.cleaned_data["page"], SLOT_MAP_PAGE)
+        page = _paginate(slotmap.matching(filters), form.cleaned_data["page"], SLOT_MAP_PAGE)
     except BadPage as exc:
         return _render(request, "dashboard/slots.html", 400, errors=[str(exc)], **context)
-    instances = list(page.object_list)
+    instances = slotmap.page_of(page.object_list, filters)
     counts = slotmap.summary()
     groups = slotmap.group_by_configuration(instances, counts)
     return _render(
