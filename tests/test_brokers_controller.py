@@ -132,3 +132,13 @@ def test_a_relist_of_broker_pods_drops_rows_of_pods_gone(controller):
     assert list(Broker.objects.values_list("name", "phase")) == [
         ("node-a-cams-8120fe-pod", "Running")
     ]
+
+
+def test_starting_enqueues_what_the_cache_already_holds(controller):
+    c, sent = controller
+    Instance.objects.create(namespace=NS, name="cams-8120fe", configuration_name="cams")
+    c.watchers = []  # no watch threads in this test
+
+    c.start()
+
+    assert sent.sent == [("instance", "cams", "cams-8120fe")]

@@ -33,6 +33,7 @@ from agent.simulator.apiserver import ApiServerSimulator
 
 WRITE = re.compile(r"^/apis?/(v1|batch/v1)/namespaces/[^/]+/(pods|services|jobs)(/[^/]+)?$")
 TIMEOUT = 600.0
+QUICK_TIMEOUT = 120.0  # the smoke run fails fast rather than outlast its test
 
 
 def bench_brokers(quick: bool = False, stdout: Any = None) -> dict[str, object]:
@@ -47,7 +48,9 @@ def bench_brokers(quick: bool = False, stdout: Any = None) -> dict[str, object]:
         _world(api_client, namespace, instances, nodes)
         sim.request_log.clear()
         with _worker() as mode:
-            seconds = _converge(api_client, path, namespace, instances)
+            seconds = _converge(
+                api_client, path, namespace, instances, QUICK_TIMEOUT if quick else TIMEOUT
+            )
         writes = sum(1 for r in sim.request_log if r.method != "GET" and WRITE.match(r.path))
         figures = _count(api_client, namespace)
         os.unlink(path)
@@ -126,7 +129,9 @@ def _redis_answers(url: str) -> bool:
         return False
 
 
-def _converge(api_client: client.ApiClient, path: str, namespace: str, instances: int) -> float:
+def _converge(
+    api_client: client.ApiClient, path: str, namespace: str, instances: int, timeout: float
+) -> float:
     from agent.brokers.controller import BrokerController
     from agent.kube.watch import CacheSync
     from agent.simulator.pod_runner import PodRunner
@@ -137,7 +142,7 @@ def _converge(api_client: client.ApiClient, path: str, namespace: str, instances
     brokers = BrokerController(new_api_client(path), namespace, sync).start()
     runner = PodRunner(new_api_client(path), namespace).start()
     try:
-        deadline = t0 + TIMEOUT
+        deadline = t0 + timeout
         while time.perf_counter() < deadline:
             pods = core.list_namespaced_pod(namespace, label_selector=rules.CONFIGURATION_LABEL)
             running = sum(1 for p in pods.items if p.status.phase == "Running")
@@ -145,7 +150,7 @@ def _converge(api_client: client.ApiClient, path: str, namespace: str, instances
             if running >= instances and services >= instances + 1:
                 return time.perf_counter() - t0
             time.sleep(0.25)
-        raise RuntimeError(f"brokers: not converged after {TIMEOUT:.0f} s")
+        raise RuntimeError(f"brokers: not converged after {timeout:.0f} s")
     finally:
         runner.stop()
         brokers.stop()

@@ -77,6 +77,9 @@ class BrokerController:
 
     def start(self) -> BrokerController:
         self.sync.subscribe(self._on_sync)
+        # The sync may have listed before we subscribed (it is shared, and started first):
+        # what its cache holds now is enqueued once; from here on its events tell us.
+        self._catch_up()
         for watcher in self.watchers:
             thread = threading.Thread(
                 target=_run, args=(watcher,), name=f"brokers-{watcher.kind}", daemon=True
@@ -108,6 +111,12 @@ class BrokerController:
                     self.dispatch.instance(self.namespace, name, instance)
         elif kind == "instance":
             self._instance(name, obj)
+
+    def _catch_up(self) -> None:
+        rows = Instance.objects.filter(namespace=self.namespace)
+        for configuration, name in rows.values_list("configuration_name", "name"):
+            self.dispatch.instance(self.namespace, configuration, name)
+        self._relisted()
 
     def _relisted(self) -> None:
         """After a relist each object was announced, but not what went during the gap: a
