@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -50,8 +52,41 @@ admin.site.site_title = "akri-site admin"
 admin.site.index_title = "Cluster cache, history and manual actions"
 
 
+class SafeChangeList(ChangeList):
+    """A change list whose date drill-down refuses impossible dates like other bad lookups.
+
+    Django turns ``?at__year=abc`` into its bad-lookup page but lets an overflowing year
+    (``9223372036854775808``) or the year after 9999 escape as a 500.
+    """
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_filters(request)
+        except (OverflowError, ValueError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
+# Primary keys are 64-bit; anything else in a selection is forged or corrupt.
+PK_MAX = 2**63 - 1
+
+
+def _valid_selection(values: list[str]) -> bool:
+    return all(v.isascii() and v.isdigit() and 0 < int(v) <= PK_MAX for v in values)
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Viewable by whoever has the view permission; never added, changed or deleted here."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return SafeChangeList
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        # Django filters by the posted ids as they come: "abc" would be a 500 at the database.
+        if not _valid_selection(request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)):
+            return HttpResponseBadRequest(
+                "Bad selection: slot ids are positive whole numbers.", content_type="text/plain"
+            )
+        return super().response_action(request, queryset)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -31,4 +31,7 @@ RECONCILE_SLOTS = Counter(
     "Slots changed or found by reconciliation",
     ["scope", "result"],  # released, restored, conflict, error
 )
-WEBSOCKET_CLIENTS = Gauge("akri_websocket_clients", "Connected dashboard websocket clients")
+# livesum: with several web workers (``runweb``), the sum over the workers alive.
+WEBSOCKET_CLIENTS = Gauge(
+    "akri_websocket_clients", "Connected dashboard websocket clients", multiprocess_mode="livesum"
+)

@@ -61,14 +61,21 @@ class NodeFacts:
     since: datetime | None  # when the Ready condition last changed
 
 
-def node_gone(facts: NodeFacts | None, now: datetime, grace: timedelta) -> str:
+NEVER_A_NODE = "was never a node of this cluster"
+
+
+def node_gone(
+    facts: NodeFacts | None, now: datetime, grace: timedelta, *, known: bool = True
+) -> str:
     """Why a node counts as gone, or "" when it does not. Pure.
 
     Deleted (absent from the Node list) counts at once; NotReady only beyond the grace, and a
-    NotReady without a transition time is never old enough to count.
+    NotReady without a transition time is never old enough to count. A name absent from the
+    Node list that the cluster never knew (no Node seen, in no Instance's ``spec.nodes``) was
+    not deleted: it is a value someone wrote, and the history must not say otherwise.
     """
     if facts is None:
-        return "deleted"
+        return "deleted" if known else NEVER_A_NODE
     if facts.ready or facts.since is None:
         return ""
     if now - facts.since >= grace:
@@ -201,9 +208,14 @@ def _run(
         return book.finish()
     store = ClaimStore(api, ACTOR)
     named = set(nodes).union(*(_nodes_named(obj) for obj in instances))
-    gone = {name: why for name in named if (why := node_gone(nodes.get(name), now, grace_td))}
+    known = known_nodes(instances, named)
+    gone = {
+        name: why
+        for name in named
+        if (why := node_gone(nodes.get(name), now, grace_td, known=name in known))
+    }
     for name, why in sorted(gone.items()):
-        book.note(f"node {name} gone ({why})")
+        book.note(f"node {name} gone ({why})" if why != NEVER_A_NODE else f"{name!r} {why}")
     for obj in instances:
         try:
             _reconcile_instance(api, store, book, obj, configurations, gone)
@@ -211,6 +223,15 @@ def _run(
             book.errors += 1
             book.note(f"{obj['metadata']['name']}: {_describe(exc)}; will retry")
     return book.finish()
+
+
+def known_nodes(instances: list[dict[str, Any]], names: set[str]) -> set[str]:
+    """Which of ``names`` the cluster has known as nodes: a Node mirrored in the cache (deleted
+    ones too) or a node an agent put in some Instance's ``spec.nodes``."""
+    known = set(Node.objects.filter(name__in=names).values_list("name", flat=True))
+    for obj in instances:
+        known.update(InstanceState.from_object(obj).nodes)
+    return known & names
 
 
 def list_nodes(api_client: client.ApiClient, now: datetime) -> dict[str, NodeFacts]:

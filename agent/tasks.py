@@ -8,13 +8,25 @@ from __future__ import annotations
 
 from celery import shared_task
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from agent import reconcile_cluster as cluster
 from agent import retention
 from agent.models import ReconcileRun
 
+# The database away (restarting, failing over): the task runs again later, backing off, until
+# it is back or the task's expiry passes (beat's runs expire after one interval).
+DATABASE_AWAY = (OperationalError, InterfaceError)
+RETRY = {
+    "autoretry_for": DATABASE_AWAY,
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": 30,
+}
 
-@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, **RETRY)
 def reconcile_cluster(
     self, namespace: str | None = None, trigger: str = ReconcileRun.Trigger.SCHEDULE
 ) -> int | None:
@@ -28,7 +40,7 @@ def reconcile_cluster(
     return run.pk if run is not None else None
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, **RETRY)
 def prune_runs() -> int:
     """Drop reconciliation runs past their retention (see ``agent.retention``)."""
     return retention.prune_runs()

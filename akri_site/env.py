@@ -7,6 +7,7 @@ A secret may come from ``NAME_FILE`` (the file's content, stripped) instead of `
 from __future__ import annotations
 
 import os
+import sys
 
 
 class EnvError(ValueError):
@@ -89,8 +90,52 @@ def choice(name: str, default: str, options: tuple[str, ...]) -> str:
     return value
 
 
+# Django's own floor for a secret key (``check --deploy``, security.W009).
+SECRET_MIN_LENGTH = 50
+SECRET_MIN_DISTINCT = 5
+
+
+def require_secret(name: str, value: str, *, refused: tuple[str, ...] = ()) -> None:
+    """Refuse a missing, short, repetitive or publicly known secret."""
+    if not value:
+        raise EnvError(f"{name} must be set (or {name}_FILE) in production")
+    if value in refused or value.startswith("django-insecure-"):
+        raise EnvError(f"{name} is a publicly known development key; generate a new one")
+    if len(value) < SECRET_MIN_LENGTH or len(set(value)) < SECRET_MIN_DISTINCT:
+        raise EnvError(
+            f"{name} is too weak: at least {SECRET_MIN_LENGTH} characters and "
+            f"{SECRET_MIN_DISTINCT} different ones (e.g. python -c 'import secrets; "
+            "print(secrets.token_urlsafe(50))')"
+        )
+
+
 def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
         raise EnvError(f"{name}={value} is below the minimum {minimum}")
     if maximum is not None and value > maximum:
         raise EnvError(f"{name}={value} is above the maximum {maximum}")
+
+
+def require_present(names: list[str]) -> None:
+    """Refuse to start without the settings a deployment declares it needs
+    (``AKRI_REQUIRED_SETTINGS`` in deploy/): the embedded defaults are for development only."""
+    missing = [name for name in names if not raw(name)]
+    if missing:
+        raise EnvError(
+            f"{', '.join(missing)} must be set: this deployment requires "
+            f"{'it' if len(missing) == 1 else 'them'} (AKRI_REQUIRED_SETTINGS)"
+        )
+
+
+def one_line_for_bad_settings() -> None:
+    """Make a bad setting that escapes to the top (daphne, celery: entry points that are not
+    manage.py) print one line instead of a traceback; the exit status stays 1."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, EnvError):
+            print(f"akri-site: configuration error: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    sys.excepthook = hook

@@ -5,6 +5,7 @@ and tasks run in-process. Production sets ``DATABASE_URL`` (PostgreSQL) and ``RE
 (channels_redis layer and Celery broker).
 """
 
+import contextlib
 from pathlib import Path
 
 import dj_database_url
@@ -16,12 +17,25 @@ VAR_DIR = Path(env.string("AKRI_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env.boolean("DEBUG", False)
+# Production is any setup beyond the embedded default (a real database or Redis), unless
+# AKRI_ENV says otherwise; production refuses the public development key and DEBUG.
+PRODUCTION = (
+    env.choice(
+        "AKRI_ENV",
+        "production" if env.string("DATABASE_URL") or env.string("REDIS_URL") else "development",
+        ("production", "development"),
+    )
+    == "production"
+)
+DEVELOPMENT_SECRET_KEY = "akri-site-insecure-development-key-change-me"
 SECRET_KEY = env.string("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and env.boolean("AKRI_REQUIRE_SECRET_KEY", False):
-        raise env.EnvError("SECRET_KEY must be set (or SECRET_KEY_FILE)")
+if PRODUCTION:
+    env.require_secret("SECRET_KEY", SECRET_KEY, refused=(DEVELOPMENT_SECRET_KEY,))
+    if DEBUG:
+        raise env.EnvError("DEBUG=true is refused in production (AKRI_ENV=production)")
+elif not SECRET_KEY:
     # Development and the embedded demo only: sessions do not survive a restart.
-    SECRET_KEY = "akri-site-insecure-development-key-change-me"
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
 ALLOWED_HOSTS = env.words("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.words("CSRF_TRUSTED_ORIGINS", [])
 
@@ -37,18 +51,28 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "csp",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
     "agent",
     "agent.brokers",
+    "agent.scheduling",
     "akri_site.dashboard",
 ]
+
+# Small deployments and the demo serve /static themselves (whitenoise); behind an ingress that
+# serves the collectstatic output, turn this off.
+SERVE_STATIC = env.boolean("AKRI_SERVE_STATIC", True)
 
 MIDDLEWARE = [
     # The full slot map of a large cluster is megabytes of HTML.
     "django.middleware.gzip.GZipMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files before anything that reads a session: a bad /static path is a plain 404.
+    *(["whitenoise.middleware.WhiteNoiseMiddleware"] if SERVE_STATIC else []),
+    "csp.middleware.CSPMiddleware",
+    "akri_site.dashboard.middleware.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -76,24 +100,33 @@ TEMPLATES = [
     },
 ]
 
+# Many threads (watchers, plugins, reconciler) write: wait for the lock rather than failing,
+# and let readers proceed beside a writer. Every SQLite database gets these, the default one
+# and one named by DATABASE_URL alike (without them, "database is locked" at once).
+SQLITE_OPTIONS = {
+    "timeout": 30,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
 DATABASE_URL = env.string("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
     # Named outright: the live-server process of the browser tests derives the name from
     # NAME otherwise, which by then is already the test database's.
     DATABASES["default"]["TEST"] = {"NAME": "test_" + DATABASES["default"]["NAME"]}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        _sqlite = Path(DATABASES["default"]["NAME"])
+        DATABASES["default"]["OPTIONS"] = {
+            **SQLITE_OPTIONS,
+            **DATABASES["default"].get("OPTIONS", {}),
+        }
+        DATABASES["default"]["TEST"] = {"NAME": str(_sqlite.with_name("test_" + _sqlite.name))}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env.string("AKRI_SQLITE_PATH", str(VAR_DIR / "akri-site.sqlite3")),
-            # Many threads (watchers, plugins, reconciler) write: wait for the lock rather
-            # than failing, and let readers proceed beside a writer.
-            "OPTIONS": {
-                "timeout": 30,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
+            "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not memory: Daphne's live-server process must see the test database.
             "TEST": {"NAME": env.string("AKRI_SQLITE_TEST_PATH", str(VAR_DIR / "test.sqlite3"))},
         }
@@ -101,11 +134,16 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.string("REDIS_URL", "")
-if REDIS_URL:
+# The channel layer alone on Redis (the demo's web workers: see akri_site/webserve.py).
+_CHANNEL_REDIS_URL = REDIS_URL or env.string("AKRI_CHANNEL_REDIS_URL", "")
+if _CHANNEL_REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env.string("AKRI_CHANNEL_PREFIX", "akri")},
+            "CONFIG": {
+                "hosts": [_CHANNEL_REDIS_URL],
+                "prefix": env.string("AKRI_CHANNEL_PREFIX", "akri"),
+            },
         }
     }
 else:
@@ -125,6 +163,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Signing out (dashboard and admin) returns to the dashboard's sign-in page, not Django's stock
+# "logged out" page.
+LOGOUT_REDIRECT_URL = "/accounts/login/?signed_out=1"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env.string("TIME_ZONE", "UTC")
@@ -133,8 +174,62 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
-SERVE_STATIC = env.boolean("AKRI_SERVE_STATIC", True)
+STATIC_ROOT = Path(env.string("AKRI_STATIC_ROOT", str(VAR_DIR / "static")))
+# Made when it can be (whitenoise warns about a missing one); a read-only image may lack it.
+with contextlib.suppress(OSError):
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Whitenoise serves the app and project directories directly, so neither the demo nor a fresh
+# deployment needs collectstatic; files found in STATIC_ROOT (collectstatic) are served too.
+# No manifest storage: it would make every page fail until collectstatic has run.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- hardening (issue #12) -----------------------------------------------------------------
+# Production defaults follow ``manage.py check --deploy``; each can be changed from the
+# environment (e.g. plain HTTP inside a trusted network: AKRI_SECURE_COOKIES=false).
+_HEADER = env.string("SECURE_PROXY_SSL_HEADER", "")
+# The header a TLS-terminating proxy sets, e.g. X-Forwarded-Proto: "https" means secure.
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _HEADER.upper().replace("-", "_").removeprefix("HTTP_"), "https")
+    if _HEADER
+    else None
+)
+SECURE_SSL_REDIRECT = env.boolean("SECURE_SSL_REDIRECT", PRODUCTION)
+# Probes and Prometheus scrape over plain HTTP inside the cluster.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env.integer("SECURE_HSTS_SECONDS", 31536000 if PRODUCTION else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.boolean("AKRI_SECURE_COOKIES", PRODUCTION)
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+# HSTS preloading commits the whole domain for months: the domain owner's call, not ours.
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
+# Every page: our own scripts and styles only (the dashboard has no inline code), websockets
+# and fetches to this origin only, never framed.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+# Password reset needs mail: its pages exist only when EMAIL_HOST is set.
+EMAIL_HOST = env.string("EMAIL_HOST", "")
+EMAIL_PORT = env.integer("EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env.string("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.string("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env.boolean("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "akri-site@localhost")
+# runweb: addresses whose X-Forwarded-For/-Proto headers are believed (the ingress).
+FORWARDED_ALLOW_IPS = env.string("AKRI_FORWARDED_ALLOW_IPS", "127.0.0.1")
+# /metrics: open when empty; otherwise Prometheus sends "Authorization: Bearer <token>".
+METRICS_TOKEN = env.string("METRICS_TOKEN", "")
 
 # --- akri-site behaviour -------------------------------------------------------------------
 AKRI = {
@@ -149,6 +244,9 @@ AKRI = {
     "DISCOVERY_HANDLERS_DIRECTORY": env.string("DISCOVERY_HANDLERS_DIRECTORY", "/var/lib/akri"),
     # Seconds a shared device may go unseen before this node leaves the Instance's nodes.
     "OFFLINE_GRACE_SECONDS": env.number("AKRI_OFFLINE_GRACE_SECONDS", 300.0, minimum=0),
+    # Seconds an external discovery handler endpoint whose stream failed is re-dialled before
+    # it is dropped until it registers again; 0 drops it at once, as Akri does.
+    "DISCOVERY_RECONNECT_SECONDS": env.number("AKRI_DISCOVERY_RECONNECT_SECONDS", 0.0, minimum=0),
     # Seconds a slot claimed by Allocate may wait for its pod to show in PodResources.
     "SLOT_GRACE_SECONDS": env.number("SLOT_GRACE_PERIOD", 20.0, minimum=0),
     # Interval of the node-local safety-net sweep.
@@ -164,13 +262,48 @@ AKRI = {
     "RUN_RETENTION_HOURS": env.number("AKRI_RUN_RETENTION_HOURS", 48.0, minimum=0.01),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
+    # An open websocket checks its session and role again this often (and on every frame).
+    "WS_RECHECK_SECONDS": env.number("AKRI_WS_RECHECK_SECONDS", 15.0, minimum=0.05),
+    # --- scheduler extender (issue 14) ---
+    # Sharing policies the extender enables, by entry-point name (agent.sharing.registry).
+    "SHARING_POLICIES": env.words("AKRI_SHARING_POLICIES", ["akri-instance", "akri-configuration"]),
+    # prioritize: "spread" favours nodes with more free devices, "pack" the fullest.
+    "EXTENDER_PRIORITY": env.choice("AKRI_EXTENDER_PRIORITY", "spread", ("spread", "pack")),
+    # Seconds a bind-time assignment counts as taken before the agent's claim shows.
+    "ASSIGNMENT_TIMEOUT_SECONDS": env.number("AKRI_ASSIGNMENT_TIMEOUT", 30.0, minimum=1),
+    # The agent looks up the extender's assignment of the pod it allocates for (one pod
+    # list per Allocate); off when no extender assigns.
+    "AGENT_ASSIGNMENTS": env.boolean("AKRI_AGENT_ASSIGNMENTS", False),
+}
+
+# --- deployment (deploy/) ----------------------------------------------------------------------
+# A pod names what it cannot run without (web: DATABASE_URL; the agent: NODE_NAME); a missing one
+# stops it at start with one line, rather than running on a development default.
+env.require_present(env.words("AKRI_REQUIRED_SETTINGS", []))
+
+# --- leader election (controller replicas, Celery beat): agent.leader ----------------------
+# One controller replica and one beat act at a time, elected through a Lease in AKRI_NAMESPACE.
+# A SIGKILLed leader is replaced within lease + 2.4 x retry seconds (11.6 s with these defaults).
+LEADER_ELECTION = {
+    "ENABLED": env.boolean("AKRI_LEADER_ELECTION", True),
+    "LEASE_DURATION": env.number("AKRI_LEASE_DURATION", 8.0, minimum=1),
+    "RENEW_DEADLINE": env.number("AKRI_LEASE_RENEW_DEADLINE", 5.0, minimum=0.1),
+    "RETRY_PERIOD": env.number("AKRI_LEASE_RETRY_PERIOD", 1.5, minimum=0.05),
 }
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Client errors (4xx) are logged in one line, without the traceback Django attaches.
+    "filters": {"client_errors": {"()": "akri_site.logs.ClientErrorsWithoutTraceback"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["client_errors"],
+        }
+    },
     "root": {
         "handlers": ["console"],
         "level": env.choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from agent.discovery.base import DeviceSpec, DiscoveredDevice, Mount
-from agent.discovery.external import ExampleDiscoveryHandlerServer
+from agent.discovery.base import MAX_DEVICES, DeviceSpec, DiscoveredDevice, Mount
+from agent.discovery.external import (
+    ExampleDiscoveryHandlerServer,
+    device_to_proto,
+    register_with_agent,
+)
 from agent.domain.naming import instance_digest, instance_name
 from agent.protos import discovery_pb2 as pb
 
@@ -85,32 +92,142 @@ def test_an_external_handler_that_registers_later_gets_its_devices_published(
     assert container.envs[f"ONVIF_DEVICE_SERVICE_URL_{suffix}"] == "http://10.0.0.7/onvif"
 
 
-def test_bad_device_lists_are_refused_and_the_agent_keeps_running(cluster, handler, caplog):
+def test_a_bad_device_is_left_out_and_the_good_ones_become_instances(cluster, handler, caplog):
     caplog.set_level(logging.INFO)
     cluster.api.create_configuration(configuration_body(CONFIG, handler="onvif", details="x"))
     handler.register(cluster["node-a"].registration_socket)
     wait_instances(cluster, {CAM1}, nodes=("node-a",))
     rv = cluster.api.get_instance(CAM1)["metadata"]["resourceVersion"]
-    bad_lists = [
-        [pb.Device(id="cam-1"), pb.Device(id="cam-1")],
-        [pb.Device(id="")],
-        [pb.Device(id="cam-1", properties={"BIG": "x" * 20_000})],
-    ]
 
-    for devices in bad_lists:
-        refusals = sum("invalid device list" in r.getMessage() for r in caplog.records)
-        handler.send_raw(pb.DiscoverResponse(devices=devices))
-        cluster.wait_for(
-            lambda n=refusals: (
-                sum("invalid device list" in r.getMessage() for r in caplog.records) > n
-            ),
-            message="a refusal in the log",
+    handler.send_raw(
+        pb.DiscoverResponse(
+            devices=[
+                device_to_proto(CAMERA),
+                pb.Device(id="cam-2", properties={"N": "2"}),
+                pb.Device(id="cam-3", properties={"BAD=KEY": "1"}),
+            ]
         )
+    )
 
+    wait_instances(cluster, {CAM1, CAM2}, nodes=("node-a",))
+    assert cluster.api.get_instance(CAM1)["metadata"]["resourceVersion"] == rv
+    [line] = [r.getMessage() for r in caplog.records if "bad device" in r.getMessage()]
+    assert "device 'cam-3': property name 'BAD=KEY'" in line
+
+
+def test_too_many_devices_are_refused_whole_and_the_previous_list_stays(cluster, handler, caplog):
+    cluster.api.create_configuration(configuration_body(CONFIG, handler="onvif", details="x"))
+    handler.register(cluster["node-a"].registration_socket)
+    wait_instances(cluster, {CAM1}, nodes=("node-a",))
+    rv = cluster.api.get_instance(CAM1)["metadata"]["resourceVersion"]
+    handler.send_raw(
+        pb.DiscoverResponse(devices=[pb.Device(id=f"d{i}") for i in range(MAX_DEVICES + 1)])
+    )
+    cluster.wait_for(lambda: "device list refused" in caplog.text, message="a refusal in the log")
     assert cluster.api.get_instance(CAM1)["metadata"]["resourceVersion"] == rv
     assert set(cluster.instances()) == {CAM1}
-    handler.set_devices([CAMERA, DiscoveredDevice(id="cam-2", properties={"N": "2"})])
-    wait_instances(cluster, {CAM1, CAM2}, nodes=("node-a",))
-    assert any(
-        "duplicate" in r.getMessage() or "more than once" in r.getMessage() for r in caplog.records
-    )
+
+
+# --- several endpoints under one name, each a real process ----------------------------------
+
+
+def foo(i: int) -> str:
+    return instance_name(CONFIG, instance_digest(f"foo{i}", True, ""))
+
+
+def bar(i: int) -> str:
+    return instance_name(CONFIG, instance_digest(f"bar{i}", True, ""))
+
+
+class HandlerProcess:
+    """``agent.discovery.examplehandler`` in an OS process of its own, registered with a node."""
+
+    def __init__(self, socket_path: str, registration_socket: str, devices: list[str]) -> None:
+        self.socket_path = socket_path
+        self.uid = f"pyecho@{socket_path}"
+        args = ["--name", "pyecho", "--socket", socket_path, "--register", registration_socket]
+        for device in devices:
+            args += ["--device", device]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agent.discovery.examplehandler", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        ready = self.process.stdout.readline()  # bounded: registration times out after 5 s
+        assert ready.strip() == "ready", f"handler exited with {self.process.wait(5)}"
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def processes(cluster):
+    started: list[HandlerProcess] = []
+
+    def start(name: str, devices: list[str]) -> HandlerProcess:
+        sock = os.path.join(cluster.root, f"{name}.sock")
+        started.append(HandlerProcess(sock, cluster["node-a"].registration_socket, devices))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def stays(predicate, seconds: float) -> None:
+    """Assert that ``predicate`` holds throughout the next ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate()
+        time.sleep(0.02)
+
+
+def drop_lines(caplog, uid: str) -> list[str]:
+    prefix = f"discovery handler endpoint {uid} failed"
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
+
+
+def test_two_handler_processes_under_one_name_are_merged_and_one_may_die_and_return(
+    cluster, processes, caplog
+):
+    caplog.set_level(logging.INFO, logger="agent.discovery.external")
+    cluster.api.create_configuration(configuration_body(CONFIG, handler="pyecho", details="x"))
+    a = processes("a", ["foo0", "foo1"])
+    processes("b", ["bar0", "bar1"])
+    wait_instances(cluster, {foo(0), foo(1), bar(0), bar(1)}, nodes=("node-a",))
+
+    a.kill()
+    # A's devices age out under the offline grace; B's stay.
+    wait_instances(cluster, {bar(0), bar(1)}, nodes=("node-a",))
+    cluster.wait_for(lambda: drop_lines(caplog, a.uid), message="the drop in the log")
+    # Logged once per failure: nothing re-dials a dropped endpoint, so no line repeats.
+    stays(lambda: len(drop_lines(caplog, a.uid)) == 1, seconds=1.0)
+
+    processes("a", ["foo0", "foo1"])  # the handler restarts and registers again
+    wait_instances(cluster, {foo(0), foo(1), bar(0), bar(1)}, nodes=("node-a",))
+    assert len(drop_lines(caplog, a.uid)) == 1
+
+
+def test_a_registration_for_a_missing_socket_beside_a_live_process_withdraws_nothing(
+    cluster, processes, caplog
+):
+    caplog.set_level(logging.INFO, logger="agent.discovery.external")
+    cluster.api.create_configuration(configuration_body(CONFIG, handler="pyecho", details="x"))
+    processes("live", ["foo0", "foo1"])
+    wait_instances(cluster, {foo(0), foo(1)}, nodes=("node-a",))
+    rvs = {n: o["metadata"]["resourceVersion"] for n, o in cluster.instances().items()}
+    missing = os.path.join(cluster.root, "missing.sock")
+
+    register_with_agent(cluster["node-a"].registration_socket, "pyecho", missing, shared=True)
+
+    cluster.wait_for(lambda: drop_lines(caplog, f"pyecho@{missing}"), message="the drop")
+    # Three offline graces later the live endpoint's Instances are still there, untouched.
+    stays(lambda: set(cluster.instances()) == set(rvs), seconds=cluster.grace * 3)
+    assert {n: o["metadata"]["resourceVersion"] for n, o in cluster.instances().items()} == rvs
+    assert len(drop_lines(caplog, f"pyecho@{missing}")) == 1

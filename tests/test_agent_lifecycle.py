@@ -387,7 +387,7 @@ def test_an_unshared_device_leaves_at_once(kube):
 
         cluster["node-a"].set_available(False)
 
-        cluster.wait_for(lambda: cluster.instances() == {}, timeout=3, message="deleted at once")
+        cluster.wait_for(lambda: cluster.instances() == {}, timeout=20, message="deleted at once")
     finally:
         cluster.stop()
 

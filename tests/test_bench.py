@@ -24,16 +24,22 @@ ROOT = Path(__file__).resolve().parent.parent
 KEYS = {
     "claims": {"p50_ms", "p99_ms", "bare_p50_ms", "ratio_p50"},
     "contention": {"claims_per_s", "double_holders"},
-    "allocate": {"p50_ms", "p99_ms", "bare_p50_ms", "ratio_p50", "floor_p50_ms", "floor_ratio_p50"},
+    "allocate": {"p50_ms", "p99_ms", "bare_p50_ms", "ratio_p50", "floor_p50_ms", "floor_ratio_p50"}
+    | {"over_floor_p50", "sustained_p50_ms", "sustained_p99_ms", "sustained_over_floor_p50"},
     "health-propagation": {"p50_ms", "p95_ms"},
     "agent-memory": {"rss_mb"},
-    "cl-allocate": {"p50_ms", "p99_ms", "single_p50_ms", "ratio_p50", "floor_ratio_p50"},
+    "cl-allocate": {"p50_ms", "p99_ms", "single_p50_ms", "ratio_p50", "floor_ratio_p50"}
+    | {"over_floor_p50", "sustained_p50_ms", "sustained_p99_ms", "sustained_over_floor_p50"},
     "release": {"p50_ms", "p95_ms"},
-    "sweep": {"duration_ms"},
+    "sweep": {"duration_ms", "first_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
     "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
+    "web": {"rps", "p95_ms", "cores_busy", "errors"},
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
+    "failover": {"p95_s", "dual_leader_writes"},
+    "extender-filter": {"p95_ms"},
+    "schedule-storm": {"admission_errors", "overbooked"},
 }
 
 
@@ -69,5 +75,11 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert figures["double_holders"] == "0", last
     if name == "brokers":
         assert (figures["duplicates"], figures["missing"]) == ("0", "0"), last
+    if name == "web":
+        assert figures["errors"] == "0", last  # every request answered 200
     if name == "scale":
         assert figures["dropped"] == "0", last
+    if name == "failover":
+        assert figures["dual_leader_writes"] == "0", last
+    if name == "schedule-storm":
+        assert figures["admission_errors"] == "0" and figures["overbooked"] == "0", last

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 FIRST = "default/akri-onvif-000000"
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")
 
 
 def user_with(role: str | None) -> User:
@@ -69,7 +70,7 @@ def take_slot(key: str, node: str) -> Instance:
 
 def test_anonymous_users_are_refused_before_the_handshake(cluster):
     async def scenario():
-        communicator = WebsocketCommunicator(application, "/ws/live/", headers=[ORIGIN])
+        communicator = WebsocketCommunicator(application, "/ws/live/", headers=[ORIGIN, HOST])
         connected, code = await communicator.connect()
         assert (connected, code) == (False, 4403)
 
@@ -96,7 +97,7 @@ def test_a_signed_in_viewer_connects_through_the_full_stack(cluster, viewer):
         communicator = WebsocketCommunicator(
             application,
             "/ws/live/?view=overview",
-            headers=[ORIGIN, (b"cookie", cookie.output(header="", sep=";").strip().encode())],
+            headers=[ORIGIN, HOST, (b"cookie", cookie.output(header="", sep=";").strip().encode())],
         )
         connected, _ = await communicator.connect()
         assert connected

@@ -8,8 +8,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.discovery.base import (
+    MAX_DEVICES,
     MAX_PROPERTIES_PER_DEVICE,
     MAX_PROPERTY_NAME_LENGTH,
     MAX_PROPERTY_VALUE_BYTES,
@@ -20,6 +23,8 @@ from agent.discovery.base import (
     InvalidDeviceList,
     Mount,
     PollingSession,
+    merge_device_lists,
+    screen_devices,
     validate_devices,
 )
 
@@ -129,18 +134,78 @@ def test_the_publisher_delivers_only_changes_sorted_by_id():
     assert [[d.id for d in lst] for lst in rec.lists] == [[], ["a", "b"]]
 
 
-def test_the_publisher_keeps_the_previous_list_when_a_list_is_invalid(caplog):
+def test_the_publisher_leaves_a_bad_device_out_and_names_it_once(caplog):
+    rec = Recorder()
+    pub = DevicePublisher("h", rec.on_devices, rec.on_error)
+    with caplog.at_level(logging.ERROR, logger="agent.discovery.base"):
+        assert pub.publish([device("a"), device("x", **{"A=B": "1"})]) is True
+        assert pub.publish([device("a"), device("x", **{"A=B": "1"})]) is False
+        assert pub.publish([device("b"), device("x", **{"A=B": "1"})]) is True
+    assert [[d.id for d in lst] for lst in rec.lists] == [["a"], ["b"]]
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "h: 1 bad device(s) left out, the other 1 used: device 'x': property name 'A=B'" in line
+    assert rec.errors == []
+
+
+def test_the_publisher_refuses_an_oversized_list_whole_and_keeps_the_previous_one(caplog):
     rec = Recorder()
     pub = DevicePublisher("h", rec.on_devices, rec.on_error)
     pub.publish([device("a")])
     with caplog.at_level(logging.ERROR, logger="agent.discovery.base"):
-        assert pub.publish([device("x"), device("x")]) is False
+        assert pub.publish([device(f"d{i}") for i in range(MAX_DEVICES + 1)]) is False
     assert rec.ids == ["a"] and pub.current == [device("a")]
-    assert "reported more than once" in rec.errors[-1]
-    assert any("keeping the previous one" in r.getMessage() for r in caplog.records)
+    assert f"more than {MAX_DEVICES}" in rec.errors[-1]
+    assert "keeping the previous one" in caplog.text
     # The next good list goes out even though unchanged, so the agent can clear the error.
     assert pub.publish([device("a")]) is True
     assert len(rec.lists) == 2
+
+
+def test_screening_keeps_the_first_of_a_repeated_id_and_every_good_device():
+    screened = screen_devices([device("a", N="1"), device(""), device("a", N="2"), device("b")])
+    assert screened.accepted == (device("a", N="1"), device("b"))
+    assert len(screened.problems) == 2
+    assert "device #2 in the list has an empty id" in screened.problems[0]
+    assert "'a' is reported more than once" in screened.problems[1]
+
+
+@given(
+    st.lists(
+        st.builds(
+            device,
+            st.sampled_from(["", "a", "b", "c"]),
+            **{"A": st.sampled_from(["1", "2"])},
+        ),
+        max_size=8,
+    )
+)
+def test_screening_accepts_each_good_id_once_and_names_every_other_device(devices):
+    screened = screen_devices(devices)
+    ids = [d.id for d in screened.accepted]
+    assert len(ids) == len(set(ids)) and "" not in ids
+    assert set(ids) == {d.id for d in devices} - {""}
+    assert len(screened.accepted) + len(screened.problems) == len(devices)
+    validate_devices(list(screened.accepted))
+
+
+endpoint_lists = st.lists(
+    st.lists(st.builds(device, st.sampled_from(["a", "b", "c", "d"]), N=st.sampled_from("12"))),
+    max_size=4,
+)
+
+
+@given(endpoint_lists, st.integers(min_value=0, max_value=3), st.lists(st.just(device("z"))))
+def test_merging_keeps_every_endpoints_devices_and_one_list_never_erases_another(
+    lists, changed, replacement
+):
+    merged = merge_device_lists(lists)
+    assert [d.id for d in merged] == list(dict.fromkeys(d.id for lst in lists for d in lst))
+    for d in merged:  # a shared id is the first endpoint's device
+        assert d == next(x for lst in lists for x in lst if x.id == d.id)
+    if changed < len(lists):
+        others = {d.id for i, lst in enumerate(lists) if i != changed for d in lst}
+        lists[changed] = replacement
+        assert others <= {d.id for d in merge_device_lists(lists)}
 
 
 def test_the_publisher_reports_an_error_once_until_something_else_happens():

@@ -6,6 +6,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 
 import grpc
 import pytest
@@ -14,11 +16,13 @@ from agent.discovery.base import DeviceSpec, DiscoveredDevice, HandlerRegistry, 
 from agent.discovery.external import (
     NETWORK,
     UDS,
+    Endpoint,
     ExampleDiscoveryHandlerServer,
     ExternalHandler,
     InvalidRegistration,
     ReconnectPolicy,
     RegistrationServer,
+    device_to_proto,
     endpoint_target,
 )
 from agent.protos import discovery_pb2 as pb
@@ -26,7 +30,7 @@ from agent.protos import discovery_pb2_grpc as pb_grpc
 
 from .test_discovery_base import Recorder
 
-FAST = ReconnectPolicy(initial=0.02, maximum=0.1, invalid_details_retry=0.05, offline_grace=30)
+FAST = ReconnectPolicy(initial=0.02, maximum=0.1, invalid_details_retry=0.05)
 
 CAMERA = DiscoveredDevice(
     id="cam-1",
@@ -51,9 +55,11 @@ class Env:
         self.servers: list[ExampleDiscoveryHandlerServer] = []
         self.sessions: list = []
 
-    def dh(self, devices=(CAMERA,), name: str = "onvif", **kwargs) -> ExampleDiscoveryHandlerServer:
+    def dh(
+        self, devices=(CAMERA,), name: str = "onvif", sock: str = "", **kwargs
+    ) -> ExampleDiscoveryHandlerServer:
         server = ExampleDiscoveryHandlerServer(
-            os.path.join(self.dir, f"{name}.sock"), devices, name=name, **kwargs
+            os.path.join(self.dir, f"{sock or name}.sock"), devices, name=name, **kwargs
         ).start()
         server.register(self.registration_socket)
         self.servers.append(server)
@@ -92,10 +98,12 @@ def test_a_registered_handler_streams_its_devices(env):
     dh = env.dh(shared=True)
     handler = env.registry.get("onvif")
     assert isinstance(handler, ExternalHandler)
-    assert (handler.name, handler.shared, handler.target) == (
+    [endpoint] = handler.endpoints()
+    assert (handler.name, handler.shared, endpoint.target, endpoint.uid) == (
         "onvif",
         True,
         f"unix://{dh.socket_path}",
+        f"onvif@{dh.socket_path}",
     )
     assert env.notified == ["onvif"]
     rec = env.discover(details="ipAddresses: {action: Exclude, items: []}")
@@ -124,81 +132,195 @@ def test_every_response_replaces_the_whole_list(env):
     assert [len(lst) for lst in rec.lists] == [1, 2, 0]
 
 
-def test_a_dropped_stream_reconnects_and_devices_resume(env):
+def drop_lines(caplog, uid: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith(f"discovery handler endpoint {uid} failed")
+    ]
+
+
+def test_a_dropped_stream_drops_the_endpoint_once_and_re_registration_brings_it_back(env, caplog):
     dh = env.dh()
     rec = env.discover()
     rec.wait_for_ids(["cam-1"])
-    session = env.sessions[0]
+    uid = f"onvif@{dh.socket_path}"
+    with caplog.at_level(logging.INFO, logger="agent.discovery.external"):
+        dh.drop_streams()
+        rec.wait_for_ids([])
+        assert env.registry.get("onvif").endpoints() == []
+        # Dropped, as Akri does: no re-dialling, so no further lines however long we look.
+        rec.wait_for(lambda r: dh.active_streams == 0)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            assert len(drop_lines(caplog, uid)) == 1
+            time.sleep(0.05)
+        assert "UNAVAILABLE" in drop_lines(caplog, uid)[0]
+        assert "no live endpoint" in rec.errors[-1]
+        dh.register(env.registration_socket)
+        rec.wait_for_ids(["cam-1"])
+    assert len(drop_lines(caplog, uid)) == 1
+    assert [e.uid for e in env.registry.get("onvif").endpoints()] == [uid]
+
+
+@pytest.fixture
+def windowed():
+    """An agent side that re-dials a failed endpoint for 30 s before dropping it."""
+    e = Env(ReconnectPolicy(initial=0.02, maximum=0.1, reconnect_window=30))
+    yield e
+    e.close()
+
+
+def test_within_the_reconnect_window_a_dropped_stream_is_redialled_and_devices_stay(windowed):
+    dh = windowed.dh()
+    rec = windowed.discover()
+    rec.wait_for_ids(["cam-1"])
+    session = windowed.sessions[0]
     dh.drop_streams()
     rec.wait_for(lambda r: session.connects == 2)
-    assert "unavailable" in rec.errors[0] and "reconnecting" in rec.errors[0]
     dh.set_devices([DiscoveredDevice("cam-9")])
     rec.wait_for_ids(["cam-9"])
-    # The list stayed in force while reconnecting: nothing was withdrawn in between.
+    # The list stayed in force while re-dialling: nothing was withdrawn in between.
     assert all(lst for lst in rec.lists)
+    assert len(windowed.registry.get("onvif").endpoints()) == 1
 
 
-def test_a_handler_that_restarts_is_reached_again_with_backoff(env):
-    dh = env.dh()
-    rec = env.discover()
+def test_a_restarted_handler_is_found_within_the_window_without_registering(windowed):
+    dh = windowed.dh()
+    rec = windowed.discover()
     rec.wait_for_ids(["cam-1"])
     dh.stop()
-    rec.wait_for(lambda r: len(r.errors) >= 1 and not os.path.exists(dh.socket_path))
-    restarted = ExampleDiscoveryHandlerServer(dh.socket_path, [DiscoveredDevice("cam-2")]).start()
-    env.servers.append(restarted)  # not re-registered: the session's own retries find it
+    rec.wait_for(lambda r: not os.path.exists(dh.socket_path))
+    restarted = ExampleDiscoveryHandlerServer(dh.socket_path, [DiscoveredDevice("cam-2")])
+    windowed.servers.append(restarted.start())
     rec.wait_for_ids(["cam-2"])
 
 
-def test_re_registration_wakes_a_session_out_of_a_long_backoff():
-    env = Env(ReconnectPolicy(initial=30, maximum=30, offline_grace=60))
+def test_after_the_window_the_endpoint_is_dropped_and_its_devices_leave(caplog):
+    env = Env(ReconnectPolicy(initial=0.02, maximum=0.05, reconnect_window=0.3))
+    try:
+        dh = env.dh()
+        rec = env.discover()
+        rec.wait_for_ids(["cam-1"])
+        with caplog.at_level(logging.INFO, logger="agent.discovery.external"):
+            dh.stop()
+            rec.wait_for_ids([])
+        assert len(drop_lines(caplog, f"onvif@{dh.socket_path}")) == 1
+        assert env.registry.get("onvif").endpoints() == []
+    finally:
+        env.close()
+
+
+def test_re_registration_re_dials_at_once_out_of_a_long_backoff():
+    env = Env(ReconnectPolicy(initial=30, maximum=30, reconnect_window=600))
     try:
         dh = env.dh()
         rec = env.discover()
         rec.wait_for_ids(["cam-1"])
         dh.stop()
-        rec.wait_for(lambda r: len(r.errors) >= 1)
+        rec.wait_for(lambda r: not os.path.exists(dh.socket_path))
         again = env.dh([DiscoveredDevice("cam-2")])
         assert again.socket_path == dh.socket_path
         rec.wait_for_ids(["cam-2"], timeout=3)  # far sooner than the 15-30 s backoff
-        assert env.notified == ["onvif"]  # same endpoint: no restart of the agent's sessions
+        assert env.notified == ["onvif"]  # same handler: the agent's sessions keep running
     finally:
         env.close()
 
 
-def test_devices_are_withdrawn_when_the_handler_stays_away():
-    env = Env(ReconnectPolicy(initial=0.02, maximum=0.05, offline_grace=0.3))
-    try:
-        dh = env.dh()
-        rec = env.discover()
-        rec.wait_for_ids(["cam-1"])
-        dh.stop()
-        rec.wait_for_ids([])
-        rec.wait_for(lambda r: "devices are withdrawn" in r.errors[-1])
-    finally:
-        env.close()
+def test_endpoints_under_one_name_are_merged_and_keep_their_own_lists(env):
+    a = env.dh([DiscoveredDevice("foo0"), DiscoveredDevice("foo1")], sock="a")
+    b = env.dh([DiscoveredDevice("bar0"), DiscoveredDevice("bar1")], sock="b")
+    rec = env.discover()
+    rec.wait_for_ids(["bar0", "bar1", "foo0", "foo1"])
+    a.set_devices([DiscoveredDevice("foo2")])
+    rec.wait_for_ids(["bar0", "bar1", "foo2"])
+    b.set_devices([])  # one endpoint's list never erases another's
+    rec.wait_for_ids(["foo2"])
+    b.set_devices([DiscoveredDevice("foo2", {"FROM": "b"}), DiscoveredDevice("baz")])
+    rec.wait_for_ids(["baz", "foo2"])
+    # One id reported by two endpoints is one device: the first registered endpoint's.
+    assert {d.id: dict(d.properties) for d in rec.lists[-1]}["foo2"] == {}
+    assert env.notified == ["onvif"]
+
+
+def test_a_device_seen_by_two_endpoints_stays_when_one_is_dropped(env):
+    a = env.dh([DiscoveredDevice("shared-cam")], sock="a")
+    env.dh([DiscoveredDevice("shared-cam"), DiscoveredDevice("b-only")], sock="b")
+    rec = env.discover()
+    rec.wait_for_ids(["b-only", "shared-cam"])
+    a.stop()
+    rec.wait_for(lambda r: len(env.registry.get("onvif").endpoints()) == 1)
+    assert rec.ids == ["b-only", "shared-cam"]
+
+
+def test_a_registration_for_a_missing_socket_never_withdraws_a_live_endpoints_devices(env, caplog):
+    env.dh(sock="live")
+    rec = env.discover()
+    rec.wait_for_ids(["cam-1"])
+    missing = os.path.join(env.dir, "missing.sock")
+    with caplog.at_level(logging.WARNING, logger="agent.discovery.external"):
+        env.register_raw(name="onvif", endpoint=missing, shared=True)
+        handler = env.registry.get("onvif")
+        rec.wait_for(lambda r: len(handler.endpoints()) == 1)
+    assert [line for line in drop_lines(caplog, f"onvif@{missing}")][0].endswith(
+        "1 other endpoint(s) of onvif live"
+    )
+    assert len(drop_lines(caplog, f"onvif@{missing}")) == 1
+    assert rec.lists == [[CAMERA]] and rec.errors == []
+
+
+def test_a_dead_endpoint_at_session_start_publishes_nothing_before_the_live_one_answers(env):
+    env.register_raw(name="onvif", endpoint=os.path.join(env.dir, "missing.sock"), shared=True)
+    answer = threading.Event()
+    env.dh(sock="live", validate_details=lambda details: None if answer.wait(5) else "late")
+    rec = env.discover()
+    rec.wait_for(lambda r: len(env.registry.get("onvif").endpoints()) == 1)
+    answer.set()
+    rec.wait_for_ids(["cam-1"])
+    assert rec.lists == [[CAMERA]]  # never an empty list the agent would read as "all gone"
+
+
+def test_a_session_started_later_streams_from_every_live_endpoint(env):
+    env.dh([DiscoveredDevice("a0")], sock="a")
+    env.dh([DiscoveredDevice("b0")], sock="b")
+    first = env.discover()
+    first.wait_for_ids(["a0", "b0"])
+    second = env.discover(details="other")
+    second.wait_for_ids(["a0", "b0"])
+
+
+def test_an_endpoint_with_another_shared_flag_than_the_live_ones_is_refused(env):
+    env.dh(sock="a", shared=True)
+    with pytest.raises(grpc.RpcError) as caught:
+        env.register_raw(name="onvif", endpoint=os.path.join(env.dir, "b.sock"), shared=False)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "differs from shared=True" in caught.value.details()
+    assert len(env.registry.get("onvif").endpoints()) == 1
 
 
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ([pb.Device(id="a"), pb.Device(id="a")], "reported more than once"),
-        ([pb.Device(id="")], "empty id"),
-        ([pb.Device(id="a", properties={"BIG": "x" * (16 * 1024 + 1)})], "more than 16384"),
-        ([pb.Device(id="a", properties={"not a name": "1"})], "environment variable name"),
+        (pb.Device(id="cam-1"), "'cam-1' is reported more than once"),
+        (pb.Device(id="", properties={"SERIAL": "77"}), "empty id (properties {'SERIAL': '77'})"),
+        (pb.Device(id="big", properties={"BIG": "x" * (16 * 1024 + 1)}), "'big': property BIG"),
+        (pb.Device(id="eq", properties={"A=B": "1"}), "'eq': property name 'A=B'"),
     ],
 )
-def test_an_invalid_list_is_refused_and_the_previous_one_stays(env, caplog, bad, message):
+def test_a_bad_device_is_left_out_and_named_and_the_good_ones_are_used(env, caplog, bad, message):
     dh = env.dh()
     rec = env.discover()
     rec.wait_for_ids(["cam-1"])
+    good = [device_to_proto(CAMERA), pb.Device(id="cam-2")]
     with caplog.at_level(logging.ERROR, logger="agent.discovery.base"):
-        dh.send_raw(pb.DiscoverResponse(devices=bad))
-        rec.wait_for(lambda r: len(r.errors) == 1)
-    assert message in rec.errors[0]
-    assert any(message in r.getMessage() for r in caplog.records)
-    assert rec.lists == [[CAMERA]]
-    dh.set_devices([DiscoveredDevice("cam-2")])
-    rec.wait_for_ids(["cam-2"])
+        dh.send_raw(pb.DiscoverResponse(devices=[*good, bad]))
+        rec.wait_for_ids(["cam-1", "cam-2"])
+        dh.send_raw(pb.DiscoverResponse(devices=[*good, bad, pb.Device(id="cam-3")]))
+        rec.wait_for_ids(["cam-1", "cam-2", "cam-3"])
+    lines = [r.getMessage() for r in caplog.records if "bad device" in r.getMessage()]
+    assert len(lines) == 1, lines  # the same bad device again is not logged again
+    assert f"onvif@{dh.socket_path}: 1 bad device(s) left out" in lines[0]
+    assert message in lines[0]
 
 
 def test_invalid_details_are_reported_and_retried_slowly(env):
@@ -248,12 +370,17 @@ def test_an_invalid_registration_is_refused_with_invalid_argument(env, fields, m
     assert env.registry.names() == [] and env.notified == []
 
 
-def test_a_new_endpoint_for_a_name_replaces_the_handler(env):
+def test_endpoints_join_their_name_and_one_uid_registering_again_replaces_only_itself(env):
     env.register_raw(name="opcua", endpoint="http://10.0.0.1:10000", endpoint_type=NETWORK)
     env.register_raw(name="opcua", endpoint="http://10.0.0.1:10000", endpoint_type=NETWORK)
     env.register_raw(name="opcua", endpoint="http://10.0.0.2:10000", endpoint_type=NETWORK)
-    assert env.registry.get("opcua").target == "10.0.0.2:10000"
-    assert env.notified == ["opcua", "opcua"]
+    handler = env.registry.get("opcua")
+    assert [e.uid for e in handler.endpoints()] == [
+        "opcua@http://10.0.0.1:10000",
+        "opcua@http://10.0.0.2:10000",
+    ]
+    assert [e.target for e in handler.endpoints()] == ["10.0.0.1:10000", "10.0.0.2:10000"]
+    assert env.notified == ["opcua"]  # the agent learns of the name once
 
 
 @pytest.mark.parametrize(
@@ -269,9 +396,9 @@ def test_endpoints_become_grpc_targets(endpoint, endpoint_type, target):
     assert endpoint_target(endpoint, endpoint_type) == target
 
 
-def test_an_external_handler_refuses_an_unusable_endpoint():
+def test_an_endpoint_refuses_an_unusable_address():
     with pytest.raises(InvalidRegistration):
-        ExternalHandler("x", "relative.sock", UDS)
+        Endpoint("x", "relative.sock", UDS)
 
 
 def test_backoff_doubles_from_the_initial_delay_up_to_the_cap_with_jitter():

@@ -243,12 +243,12 @@ def test_a_hotplug_event_wakes_a_long_rescan_interval(source):
         rec.wait_for(lambda r: r.ids is not None and len(r.ids) == 1)
         started = time.monotonic()
         source.set_records(recorded_without("ttyUSB"))
-        rec.wait_for(lambda r: r.ids == [], timeout=2)
-        assert time.monotonic() - started < 2
+        rec.wait_for(lambda r: r.ids == [], timeout=20)
+        assert time.monotonic() - started < 20  # generous: a missed removal, not speed
     finally:
         t = time.monotonic()
         session.stop()
-        assert time.monotonic() - t < 1
+        assert time.monotonic() - t < 10  # generous: a stop that hangs, not speed
 
 
 def test_invalid_details_fail_at_start(source):

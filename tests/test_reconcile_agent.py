@@ -71,7 +71,8 @@ def test_a_deleted_pods_slot_is_free_and_offered_to_other_nodes_at_once(cluster)
     end_pod(cluster, "node-a", "web-1")
 
     cluster.wait_for(lambda: cluster.usage(FOO0)[slot] == "", message="the slot free")
-    assert time.monotonic() - started < 2.0  # Akri v0.13 needs 20-30 s here
+    # Generous (speed is the release bench's): still well below Akri v0.13's 20-30 s.
+    assert time.monotonic() - started < 10.0
     cluster["node-b"].kubelet.wait_devices(IL, lambda d: d[slot] == "Healthy")
     run = cluster.wait_for(
         lambda: ReconcileRun.objects.filter(node="node-a", trigger="event", released=1).first()

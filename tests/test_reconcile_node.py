@@ -466,3 +466,62 @@ def test_a_release_after_a_deletion_is_measured_and_counted(kube, store, instanc
     assert sample("akri_release_latency_seconds_count") == latency + 1
     assert sample("akri_reconcile_runs_total", scope="node", trigger="event") == runs + 1
     assert sample("akri_reconcile_slots_total", scope="node", result="released") == released + 1
+
+
+# --- the sweep as the only retry -----------------------------------------------------------------
+def allocate_at(level: str, reconciler: NodeReconciler, store: ClaimStore) -> tuple[str, str, str]:
+    """(slot, kubelet device id, resource) of an IL or a CL allocation of KEY0."""
+    if level == "IL":
+        allocate_il(reconciler, store, NAME, KEY0)
+        return KEY0, KEY0, RESOURCE
+    allocate_cl(reconciler, store, NAME, KEY0, "cams", "cams-0")
+    return KEY0, "cams-0", "akri.sh/cams"
+
+
+@pytest.mark.parametrize("level", ["IL", "CL"])
+def test_the_sweep_alone_frees_a_slot_whose_pod_went_without_an_event(
+    kube, api, core, store, instance, kubelet, reconcilers, level
+):
+    # No pod watch: the reconciler learns of pods only by reading them, as after a missed event.
+    reconciler = reconcilers(workers=0, watch_pods=False)
+    create_pod(core, kube.namespace, "web-1", "node-a")
+    slot, device_id, resource = allocate_at(level, reconciler, store)
+    kubelet.hold(kube.namespace, "web-1", resource, device_id)
+    reconciler.learn()
+    assert binding(slot).pod_name == "web-1"
+    core.delete_namespaced_pod("web-1", kube.namespace, grace_period_seconds=0)
+    kubelet.drop(kube.namespace, "web-1")
+    assert usage(api, NAME)[slot] != ""  # nobody told the reconciler
+
+    run = reconciler.sweep()
+
+    assert (run.trigger, run.released) == ("sweep", 1)
+    assert usage(api, NAME)[slot] == ""
+    assert causes(slot) == ["allocate", "reconcile"]
+    assert binding(slot) is None
+
+
+@pytest.mark.parametrize("level", ["IL", "CL"])
+def test_the_sweep_retries_a_gone_pods_release_that_failed(
+    kube, api, store, instance, kubelet, direct, level
+):
+    if kube.simulator is None:
+        pytest.skip("fault injection needs the API-server simulator")
+    slot, device_id, resource = allocate_at(level, direct, store)
+    pod = pod_object(kube.namespace, "web-1", "node-a")
+    direct.on_pod_event("ADDED", pod)
+    kubelet.hold(kube.namespace, "web-1", resource, device_id)
+    direct.learn()
+    # Every attempt of the event's release fails (the claim store tries 6 times).
+    kube.simulator.inject_fault("PATCH", r"/instances/" + NAME, status=500, times=6)
+    direct.on_pod_event("DELETED", pod)
+    kubelet.drop(kube.namespace, "web-1")
+    assert usage(api, NAME)[slot] != ""
+    event_run = ReconcileRun.objects.get(node="node-a", trigger="event")
+    assert (event_run.released, event_run.errors) == (0, 1)
+
+    run = direct.sweep()
+
+    assert (run.trigger, run.released) == ("sweep", 1)
+    assert usage(api, NAME)[slot] == ""
+    assert binding(slot) is None

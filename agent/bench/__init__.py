@@ -66,6 +66,27 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_brokers",
         "1,000 Instances appear at once on 50 nodes -> every broker pod and Service created",
     ),
+    "web": (
+        "agent.bench.web",
+        "bench_web",
+        "200 clients on the demo's slot map and /api/slots/ for 20 s, 50 websockets open",
+    ),
+    "failover": (
+        "agent.bench.failover",
+        "bench_failover",
+        "Lease leader killed -> the other candidate leading and its first write accepted",
+    ),
+    # --- scheduler extender (issue 14) ---
+    "extender-filter": (
+        "agent.bench.extender",
+        "bench_extender_filter",
+        "one pod filtered over 5,000 nodes seeing 20,000 Instances, over HTTP",
+    ),
+    "schedule-storm": (
+        "agent.bench.extender",
+        "bench_schedule_storm",
+        "500 pods asking unique CL devices, room for 300: admission errors, overbooking",
+    ),
 }
 
 

@@ -3,7 +3,11 @@
 - ``allocate``: the Allocate RPC as the kubelet calls it (gRPC over the plugin's socket), next
   to a bare conditional write (JSON patch with a ``test``) by the same kind of client, the
   two interleaved in one run so both see the same background load; with them, the Allocate of
-  ``agent.bench.floor``'s plugin, which does nothing but the one write (``floor_*``).
+  ``agent.bench.floor``'s plugin, which does nothing but the one write (``floor_*``);
+  ``over_floor_p50`` is the agent's p50 over the floor's. Between calls everything settles.
+  Then the bad day (``sustained_*``): Allocates back to back, nothing settled, while ``Churn``
+  keeps the watch, the cache applier, the device lists and the reconciler busy (a pod every
+  100 ms, and another node's claims across 20 Instances).
 - ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
   list reaching the kubelet simulator of a node that did not make the change.
 - ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite and
@@ -20,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +34,7 @@ from typing import Any
 
 import psutil
 from django.conf import settings
+from kubernetes import client
 
 from agent.bench import ensure_migrated, percentile
 from agent.bench.floor import FloorPlugin
@@ -233,7 +239,7 @@ def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamp
                 _settle(agent, *written)
                 elapsed = kubelet.allocate(resource, [[f"{name}-0"]])
                 # Untimed: free the slot again through the claim store, as the reconciler would.
-                agent.claims.release(name, f"{name}-0", "node-a", current=agent.view.instance(name))
+                _release_checked(agent, name, f"{name}-0")
                 _settle(agent, (name, _version(agent.claims.last_seen.get(name))))
                 new = "" if bare_value else "node-x"
                 ops = [
@@ -263,6 +269,143 @@ def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamp
     return samples
 
 
+CHURN = "bench-churn"
+CHURN_INSTANCES = 20
+CHURN_EVERY = 0.1  # seconds
+CHURN_PODS = 5  # pods of the churn alive at a time
+
+
+class Churn:
+    """Background work for the sustained benches, in a thread of its own: every
+    ``CHURN_EVERY`` a pod starts on ``node`` (and an older one is deleted), and another node
+    claims or frees a slot of one of ``CHURN_INSTANCES`` Instances of a Configuration of
+    their own. The agent's watch, cache applier, plugins (device lists to the kubelet) and
+    reconciler (pod events, learn passes) all get work while the timed calls run."""
+
+    def __init__(self, kubeconfig: str, namespace: str, node: str) -> None:
+        self.api = AkriApi(new_api_client(kubeconfig), namespace)
+        self.core = client.CoreV1Api(self.api.api_client)
+        self.namespace, self.node = namespace, node
+        self.values: dict[str, str] = {}
+        self.writes = 0
+        self.pods = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-churn", daemon=True)
+
+    def start(self) -> Churn:
+        descriptions = [f"churn{i:02d}" for i in range(CHURN_INSTANCES)]
+        body = configuration(descriptions)
+        body["metadata"]["name"] = CHURN
+        self.api.create_configuration(body)
+        deadline = time.monotonic() + 30
+        while len(self.values) < CHURN_INSTANCES:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the churn's Instances did not appear")
+            items = self.api.list_instances()["items"]
+            self.values = {
+                o["metadata"]["name"]: "" for o in items if o["spec"]["configurationName"] == CHURN
+            }
+            time.sleep(0.05)
+        self._thread.start()
+        return self
+
+    def wait_running(self, writes: int = 10, timeout: float = 30.0) -> None:
+        """Until the churn has made ``writes`` writes (its pods and claims are flowing)."""
+        deadline = time.monotonic() + timeout
+        while self.writes < writes:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the churn made only {self.writes} writes")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        names = sorted(self.values)
+        i = 0
+        while not self._stop.wait(CHURN_EVERY):
+            self._pod(i)
+            self._claim(names[i % len(names)])
+            i += 1
+
+    def _claim(self, name: str) -> None:
+        key, old = f"{name}-1", self.values[name]
+        new = "" if old else "node-b"
+        path = f"/spec/deviceUsage/{key}"
+        ops = [
+            {"op": "test", "path": path, "value": old},
+            {"op": "replace", "path": path, "value": new},
+        ]
+        self.api.patch_instance(name, ops)
+        self.values[name] = new
+        self.writes += 1
+
+    def _pod(self, i: int) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"churn-{i}"},
+            "spec": {"nodeName": self.node, "containers": [{"name": "c", "image": "busybox"}]},
+        }
+        self.core.create_namespaced_pod(self.namespace, body)
+        self.pods += 1
+        if i >= CHURN_PODS:
+            old = f"churn-{i - CHURN_PODS}"
+            self.core.delete_namespaced_pod(old, self.namespace, grace_period_seconds=0)
+
+
+def _sustained_rounds(rounds: int) -> tuple[_AllocateSamples, Churn]:
+    """Allocate ms and floor-plugin Allocate ms, interleaved, back to back (nothing settled
+    between calls), with ``Churn`` running; the slot reconciler on, as runagent runs."""
+    with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], kubeconfig):
+        client.CoreV1Api(api.api_client).create_namespace({"metadata": {"name": api.namespace}})
+        api.create_configuration(configuration(["foo0"], capacity=3))
+        name = _instance(api)
+        resource, key = f"akri.sh/{name}", f"{name}-0"
+        kubelet, agent = node.kubelet, node.agent
+        assert isinstance(kubelet, KubeletProcess)
+        _healthy(kubelet, resource, 3)
+        plugin = FloorPlugin.beside(agent, kubeconfig, {f"{name}-2": name}).start()
+        churn = Churn(kubeconfig, api.namespace, "node-a").start()
+        samples = _AllocateSamples([], [], [])
+        try:
+            churn.wait_running()
+            started, writes = time.monotonic(), churn.writes
+            for i in range(rounds + 20):
+                # Each goes first every other round: the one that follows meets the tail of
+                # the other's background work (its echo, its cache write, the churn's too).
+                floor_first = i % 2 == 1
+                if floor_first:
+                    floor_elapsed = kubelet.allocate(resource, [[f"{name}-2"]], plugin.socket_path)
+                elapsed = kubelet.allocate(resource, [[key]])
+                _release_checked(agent, name, key)
+                if not floor_first:
+                    floor_elapsed = kubelet.allocate(resource, [[f"{name}-2"]], plugin.socket_path)
+                if i >= 20:
+                    samples.allocate.append(elapsed)
+                    samples.floor.append(floor_elapsed)
+            # The load ran all along: about one write per CHURN_EVERY of the timed calls.
+            expected = (time.monotonic() - started) / CHURN_EVERY
+            if churn.writes - writes < expected / 2:
+                raise RuntimeError(
+                    f"the churn made {churn.writes - writes} writes in the timed calls, "
+                    f"about {expected:.0f} expected: the load was not there"
+                )
+        finally:
+            churn.stop()
+            plugin.stop()
+    return samples, churn
+
+
+def _release_checked(agent: NodeAgent, name: str, key: str) -> None:
+    """Free the slot the timed Allocate claimed, as the reconciler would; the release proves
+    the claim was written (a bench whose calls wrote nothing would measure nothing)."""
+    result = agent.claims.release(name, key, agent.node_name, current=agent.view.instance(name))
+    if result != "released":
+        raise RuntimeError(f"Allocate of {key} left nothing to release ({result!r})")
+
+
 def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     """As runagent runs (slot reconciler on, its Allocate hook included), then without the
     reconciler, each with its own bare baseline from the same run. The first run also times
@@ -272,19 +415,27 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
     rounds = 100 if quick else 1000
     on = _allocate_rounds(rounds, reconcile=True, floor=True)
     off = _allocate_rounds(rounds, reconcile=False, floor=False)
+    busy, churn = _sustained_rounds(rounds)
     p50, bare_p50 = percentile(on.allocate, 50), percentile(on.bare, 50)
     floor_p50 = percentile(on.floor, 50)
     plain_p50, plain_bare_p50 = percentile(off.allocate, 50), percentile(off.bare, 50)
+    busy_p50, busy_floor_p50 = percentile(busy.allocate, 50), percentile(busy.floor, 50)
     return {
         "p50_ms": p50,
         "p99_ms": percentile(on.allocate, 99),
+        "floor_p50_ms": floor_p50,
+        "over_floor_p50": p50 / floor_p50,
         "bare_p50_ms": bare_p50,
         "ratio_p50": p50 / bare_p50,
-        "floor_p50_ms": floor_p50,
         "floor_ratio_p50": floor_p50 / bare_p50,
         "no_reconciler_p50_ms": plain_p50,
         "no_reconciler_p99_ms": percentile(off.allocate, 99),
         "no_reconciler_ratio_p50": plain_p50 / plain_bare_p50,
+        "sustained_p50_ms": busy_p50,
+        "sustained_p99_ms": percentile(busy.allocate, 99),
+        "sustained_floor_p50_ms": busy_floor_p50,
+        "sustained_over_floor_p50": busy_p50 / busy_floor_p50,
+        "sustained_churn_writes": churn.writes,
         "rounds": rounds,
     }
 

@@ -78,7 +78,8 @@ def bench_live(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     port = _free_port()
     env = {
         **os.environ,
-        "REDIS_URL": redis_url,
+        # The channel layer alone: REDIS_URL would make Daphne's settings production's.
+        "AKRI_CHANNEL_REDIS_URL": redis_url,
         "AKRI_CHANNEL_PREFIX": prefix,
         "AKRI_SQLITE_PATH": settings.DATABASES["default"]["NAME"]
         if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")

@@ -6,8 +6,9 @@ whenever it changes. Handlers are built in (debugEcho, udev) or external (Akri's
 protocol); the agent looks them up by name in a :class:`HandlerRegistry`.
 
 Every session delivers through a :class:`DevicePublisher`, so all handlers get the same rules:
-device lists are validated by :func:`validate_devices` (a bad list is refused as a whole, logged,
-reported through ``on_error``, and the previous good list stays in force), a list is delivered
+device lists are screened by :func:`screen_devices` (as in Akri a list is never refused for one
+bad device: the bad device is left out and logged by name, the others are used; only a list
+over :data:`MAX_DEVICES` is refused whole and the previous one kept), a list is delivered
 only when it differs from the last one delivered, and a failing agent callback is logged instead
 of killing the session thread.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -191,29 +192,77 @@ class HandlerRegistry:
                 log.exception("discovery handler listener failed for %s", name)
 
 
-def validate_devices(devices: Sequence[DiscoveredDevice]) -> None:
-    """Raise :class:`InvalidDeviceList` naming the first problem in ``devices``."""
+@dataclass(frozen=True)
+class Screened:
+    """A device list split into the devices to use and what was wrong with the others."""
+
+    accepted: tuple[DiscoveredDevice, ...]
+    problems: tuple[str, ...]
+
+
+def screen_devices(devices: Sequence[DiscoveredDevice]) -> Screened:
+    """Keep the good devices of a list and name the bad ones (Akri never refuses a list whole).
+
+    A device that breaks a rule below is left out; of several with one id the first is kept.
+    Only a list longer than :data:`MAX_DEVICES` raises :class:`InvalidDeviceList` (refused whole:
+    that is a handler gone wrong, not one bad device).
+    """
     if len(devices) > MAX_DEVICES:
         raise InvalidDeviceList(f"{len(devices)} devices reported, more than {MAX_DEVICES}")
+    accepted: list[DiscoveredDevice] = []
+    problems: list[str] = []
     seen: set[str] = set()
-    for device in devices:
-        _validate_id(device.id, seen)
+    for index, device in enumerate(devices):
+        try:
+            _validate_device(device, index, seen)
+        except InvalidDeviceList as exc:
+            problems.append(str(exc))
+            continue
         seen.add(device.id)
-        _validate_properties(device)
-        for mount in device.mounts:
-            _validate_paths(device.id, "mount", mount.container_path, mount.host_path)
-        for spec in device.device_specs:
-            _validate_paths(device.id, "device spec", spec.container_path, spec.host_path)
-            if not spec.permissions or not set(spec.permissions) <= DEVICE_PERMISSION_CHARS:
-                raise InvalidDeviceList(
-                    f"device {device.id!r}: device spec permissions {spec.permissions!r} "
-                    "must be a non-empty combination of r, w and m"
-                )
+        accepted.append(device)
+    return Screened(tuple(accepted), tuple(problems))
+
+
+def merge_device_lists(lists: Iterable[Sequence[DiscoveredDevice]]) -> list[DiscoveredDevice]:
+    """Several endpoints' lists as one, as Akri merges the endpoints of one handler name.
+
+    Every device of every list is present; an id in several lists is the first list's device.
+    """
+    merged: dict[str, DiscoveredDevice] = {}
+    for devices in lists:
+        for device in devices:
+            merged.setdefault(device.id, device)
+    return list(merged.values())
+
+
+def validate_devices(devices: Sequence[DiscoveredDevice]) -> None:
+    """Raise :class:`InvalidDeviceList` naming the first problem in ``devices``."""
+    problems = screen_devices(devices).problems
+    if problems:
+        raise InvalidDeviceList(problems[0])
+
+
+def _validate_device(device: DiscoveredDevice, index: int, seen: set[str]) -> None:
+    if not device.id:
+        # Nothing to name it by but its place in the list and what it carries.
+        described = repr(dict(device.properties))
+        raise InvalidDeviceList(
+            f"device #{index + 1} in the list has an empty id (properties {described[:200]})"
+        )
+    _validate_id(device.id, seen)
+    _validate_properties(device)
+    for mount in device.mounts:
+        _validate_paths(device.id, "mount", mount.container_path, mount.host_path)
+    for spec in device.device_specs:
+        _validate_paths(device.id, "device spec", spec.container_path, spec.host_path)
+        if not spec.permissions or not set(spec.permissions) <= DEVICE_PERMISSION_CHARS:
+            raise InvalidDeviceList(
+                f"device {device.id!r}: device spec permissions {spec.permissions!r} "
+                "must be a non-empty combination of r, w and m"
+            )
 
 
 def _validate_id(device_id: str, seen: set[str]) -> None:
-    if not device_id:
-        raise InvalidDeviceList("a device has an empty id")
     if len(device_id) > MAX_DEVICE_ID_LENGTH:
         raise InvalidDeviceList(
             f"device id {device_id[:64]!r}... is longer than {MAX_DEVICE_ID_LENGTH} characters"
@@ -263,8 +312,8 @@ def _list_key(devices: Sequence[DiscoveredDevice]) -> tuple[DiscoveredDevice, ..
 class DevicePublisher:
     """Delivers one session's device lists and errors to the agent's callbacks.
 
-    Lists are validated, delivered sorted by id and only when they differ from the last one
-    delivered. After an error has been reported the next good list is delivered even when
+    Lists are screened (:func:`screen_devices`: bad devices are left out and logged by name),
+    delivered sorted by id and only when they differ from the last one delivered. After an error has been reported the next good list is delivered even when
     unchanged, so the agent can tell that the session has recovered and clear the error.
     Consecutive identical errors are reported once. Callbacks are serialised by a lock, and
     none starts after :meth:`close`.
@@ -282,6 +331,7 @@ class DevicePublisher:
         self._lock = threading.RLock()
         self._last: tuple[DiscoveredDevice, ...] | None = None
         self._last_error: str | None = None
+        self._problems: dict[str, tuple[str, ...]] = {}  # bad devices last logged, per source
         # An Event, not the lock: stop() must not wait for a callback that may itself be
         # waiting for the thread calling stop().
         self._closed = threading.Event()
@@ -293,18 +343,43 @@ class DevicePublisher:
             return None if self._last is None else list(self._last)
 
     def publish(self, devices: Sequence[DiscoveredDevice]) -> bool:
-        """Validate and deliver ``devices`` if they changed; True if the agent was called."""
+        """Screen ``devices`` and deliver the good ones if they changed; True if delivered."""
+        accepted = self.screen(devices, self.handler_name)
+        return False if accepted is None else self.deliver(accepted)
+
+    def screen(
+        self, devices: Sequence[DiscoveredDevice], source: str
+    ) -> list[DiscoveredDevice] | None:
+        """The good devices of a list from ``source``, the bad ones logged by name.
+
+        A problem is logged when it first appears, not on every repetition of the same list.
+        None (and an error reported) when the whole list is refused: too many devices.
+        """
         try:
-            validate_devices(devices)
+            screened = screen_devices(devices)
         except InvalidDeviceList as exc:
             log.error(
-                "discovery handler %s reported an invalid device list, keeping the previous "
-                "one: %s",
-                self.handler_name,
+                "discovery handler %s: device list refused, keeping the previous one: %s",
+                source,
                 exc,
             )
-            self.error(f"invalid device list from {self.handler_name}: {exc}")
-            return False
+            self.error(f"invalid device list from {source}: {exc}")
+            return None
+        with self._lock:
+            changed = self._problems.get(source, ()) != screened.problems
+            self._problems[source] = screened.problems
+        if changed and screened.problems:
+            log.error(
+                "discovery handler %s: %d bad device(s) left out, the other %d used: %s",
+                source,
+                len(screened.problems),
+                len(screened.accepted),
+                "; ".join(screened.problems),
+            )
+        return list(screened.accepted)
+
+    def deliver(self, devices: Sequence[DiscoveredDevice]) -> bool:
+        """Deliver an already screened list if it changed; True if the agent was called."""
         key = _list_key(devices)
         with self._lock:
             if self._closed.is_set() or (key == self._last and self._last_error is None):

@@ -7,20 +7,22 @@ on a Unix socket or a network address and announces itself by calling
 valid registration becomes an :class:`ExternalHandler` in the agent's
 :class:`~agent.discovery.base.HandlerRegistry`.
 
-One endpoint per name: a registration under a name already registered with a different endpoint
-(or shared flag) replaces the handler and notifies the registry's listeners, so the agent
-restarts the sessions of that name against the new endpoint. Akri instead merges the device
-lists of several endpoints per name; one DH process per name per node is what Akri's charts
-deploy, so we keep the simpler model. Re-registering the same endpoint (a restarted DH does this)
-changes nothing except waking that handler's sessions to reconnect at once.
+Several endpoints per name, as in Akri: each registration is an :class:`Endpoint` with uid
+``<name>@<endpoint>``, and all endpoints of one name form one :class:`ExternalHandler`. Each
+Configuration's :class:`ExternalSession` streams ``Discover`` from every endpoint (one
+:class:`EndpointStream` each) and merges the lists: each endpoint keeps its own latest list, a
+device reported by any endpoint is present, and one endpoint's list never erases another's.
+Registering the same uid again replaces that endpoint only.
 
-A session streams ``Discover``; every ``DiscoverResponse`` is the whole device list. When the
-dial fails or the stream ends, the session reconnects with capped, jittered exponential backoff
-until stopped. The last good list stays in force while reconnecting, so a DH restart does not
-tear down brokers; if no response arrives within ``offline_grace`` the devices are withdrawn
-(an empty list). ``INVALID_ARGUMENT`` from ``Discover`` means the DH refuses the
-``discoveryDetails``: that is reported and retried slowly, since an edited Configuration makes
-the agent start a new session anyway.
+A failed endpoint (dial refused, stream ended or broken) is dropped, as Akri drops a closed
+endpoint, after an optional re-dial window (``ReconnectPolicy.reconnect_window``, the setting
+``AKRI_DISCOVERY_RECONNECT_SECONDS``, default 0 as in Akri). The drop is logged once; its
+devices leave the merged list and so age out under the agent's one offline grace
+(``AKRI_OFFLINE_GRACE_SECONDS``); only a new registration brings the endpoint back. A dead
+endpoint therefore never withdraws what live endpoints of the same name report.
+``INVALID_ARGUMENT`` from ``Discover`` means the DH refuses the ``discoveryDetails``: that is
+reported and retried slowly, since an edited Configuration makes the agent start a new session
+anyway.
 
 :class:`ExampleDiscoveryHandlerServer` is a small DH speaking the same protocol, for tests and
 the demo.
@@ -34,6 +36,7 @@ import os
 import random
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
@@ -51,6 +54,7 @@ from .base import (
     DiscoveredDevice,
     HandlerRegistry,
     Mount,
+    merge_device_lists,
 )
 
 log = logging.getLogger(__name__)
@@ -72,7 +76,9 @@ class ReconnectPolicy:
     initial: float = 0.1
     maximum: float = 5.0
     invalid_details_retry: float = 30.0
-    offline_grace: float = 30.0
+    # How long an endpoint whose dial or stream failed is re-dialled before it is dropped.
+    # 0 (Akri's behaviour, the default): dropped at once, until the handler registers again.
+    reconnect_window: float = 0.0
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
         """Backoff before retry ``attempt`` (0-based): doubling, capped, 50–100 % jitter."""
@@ -171,35 +177,104 @@ def discover_request(
 
 
 # ---------------------------------------------------------------------------------------------
-# Agent side: handler, session, registration server
+# Agent side: endpoints, the handler of a name, sessions, the registration server
+
+
+class Endpoint:
+    """One registration: ``<name>@<endpoint>`` (Akri's endpoint uid), dialled at ``target``.
+
+    Closed for good once it fails or a new registration of the same uid replaces it; only a
+    new registration brings the uid back.
+    """
+
+    def __init__(self, name: str, endpoint: str, endpoint_type: int = UDS, shared: bool = False):
+        self.name = name
+        self.endpoint = endpoint
+        self.endpoint_type = endpoint_type
+        self.shared = shared
+        self.target = endpoint_target(endpoint, endpoint_type)
+        self.uid = f"{name}@{endpoint}"
+        self._closed = threading.Event()
+        self._close_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.uid!r}, shared={self.shared})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self) -> bool:
+        """Close it; True only for the call that closed it (so a failure is logged once)."""
+        with self._close_lock:
+            if self._closed.is_set():
+                return False
+            self._closed.set()
+            return True
 
 
 class ExternalHandler:
-    """A registered external DH: starts sessions that stream ``Discover`` from its endpoint."""
+    """Every endpoint registered under one handler name: what the agent's registry holds.
 
-    def __init__(
-        self,
-        name: str,
-        endpoint: str,
-        endpoint_type: int = UDS,
-        shared: bool = False,
-        *,
-        policy: ReconnectPolicy | None = None,
-    ) -> None:
+    Sessions started from it stream from each live endpoint and merge the lists. Endpoints come
+    and go (:meth:`add`, :meth:`drop`) without restarting the sessions: a session dials a new
+    endpoint as it arrives and forgets a dropped one. The handler stays registered when its last
+    endpoint is dropped, so the devices it reported age out under the agent's offline grace.
+    """
+
+    def __init__(self, name: str, shared: bool = False, *, policy: ReconnectPolicy | None = None):
         self.name = name
         self.shared = shared
-        self.endpoint = endpoint
-        self.endpoint_type = endpoint_type
-        self.target = endpoint_target(endpoint, endpoint_type)
         self.policy = policy or ReconnectPolicy()
+        self._endpoints: dict[str, Endpoint] = {}
         self._sessions: weakref.WeakSet[ExternalSession] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"ExternalHandler({self.name!r}, {self.target!r}, shared={self.shared})"
+        return f"ExternalHandler({self.name!r}, {sorted(self._endpoints)}, shared={self.shared})"
 
-    def same_endpoint(self, other: ExternalHandler) -> bool:
-        return (self.target, self.shared) == (other.target, other.shared)
+    def endpoints(self) -> list[Endpoint]:
+        """The live endpoints, in registration order."""
+        with self._lock:
+            return list(self._endpoints.values())
+
+    def others(self, uid: str) -> list[Endpoint]:
+        """Live endpoints other than ``uid``."""
+        return [e for e in self.endpoints() if e.uid != uid]
+
+    def add(self, endpoint: Endpoint) -> Endpoint | None:
+        """Register ``endpoint`` (replacing the one of the same uid, returned); sessions dial it."""
+        with self._lock:
+            previous = self._endpoints.pop(endpoint.uid, None)
+            self._endpoints[endpoint.uid] = endpoint
+            self.shared = endpoint.shared
+            sessions = list(self._sessions)
+        if previous is not None:
+            previous.close()  # replaced, not failed: nothing to report
+        for session in sessions:
+            session.attach(endpoint)
+        return previous
+
+    def drop(self, endpoint: Endpoint, problem: str) -> bool:
+        """Forget a failed endpoint until it registers again; True if it was live until now."""
+        if not endpoint.close():
+            return False  # already dropped, or replaced by a new registration
+        with self._lock:
+            if self._endpoints.get(endpoint.uid) is endpoint:
+                del self._endpoints[endpoint.uid]
+            remaining = len(self._endpoints)
+            sessions = list(self._sessions)
+        log.warning(
+            "discovery handler endpoint %s failed (%s): dropped until it registers again; "
+            "%d other endpoint(s) of %s live",
+            endpoint.uid,
+            problem,
+            remaining,
+            self.name,
+        )
+        for session in sessions:
+            session.detach(endpoint)
+        return True
 
     def start(
         self,
@@ -215,18 +290,20 @@ class ExternalHandler:
         )
         with self._lock:
             self._sessions.add(session)
-        return session.start()
-
-    def wake(self) -> None:
-        """Make every running session reconnect now (the DH has just re-registered)."""
-        with self._lock:
-            sessions = list(self._sessions)
-        for session in sessions:
-            session.wake()
+            endpoints = list(self._endpoints.values())
+        for endpoint in endpoints:
+            session.attach(endpoint)
+        return session
 
 
 class ExternalSession:
-    """One ``Discover`` stream for one Configuration, kept alive until :meth:`stop`."""
+    """One Configuration's discovery: a stream per endpoint of the handler, lists merged.
+
+    Each endpoint keeps its own latest list; the merged list holds every device any endpoint
+    reports (one id once: the endpoint registered first wins, as Akri's merge keeps the first).
+    An endpoint's list leaves the merge only when the endpoint is dropped or replaced by a
+    stream of a new registration that has sent its own list.
+    """
 
     def __init__(
         self, handler: ExternalHandler, request: pb.DiscoverRequest, publisher: DevicePublisher
@@ -234,92 +311,167 @@ class ExternalSession:
         self._handler = handler
         self._request = request
         self._publisher = publisher
-        self._policy = handler.policy
+        self._lock = threading.Lock()  # guards the dicts and serialises deliveries
+        self._streams: dict[str, EndpointStream] = {}
+        self._lists: dict[str, list[DiscoveredDevice]] = {}
+        self._stopped = False
+
+    @property
+    def handler(self) -> ExternalHandler:
+        return self._handler
+
+    @property
+    def connects(self) -> int:
+        """Streams that delivered at least one response; for tests and logs."""
+        with self._lock:
+            return sum(s.connects for s in self._streams.values())
+
+    def attach(self, endpoint: Endpoint) -> None:
+        """Stream from ``endpoint`` (replacing the stream of an endpoint with its uid)."""
+        stream = EndpointStream(self, endpoint, self._request)
+        with self._lock:
+            if self._stopped:
+                return
+            previous = self._streams.get(endpoint.uid)
+            self._streams[endpoint.uid] = stream
+        if previous is not None:
+            previous.stop()  # its list stays in the merge until the new stream sends one
+        stream.start()
+
+    def detach(self, endpoint: Endpoint) -> None:
+        """Forget a dropped endpoint and the devices it reported."""
+        with self._lock:
+            stream = self._streams.get(endpoint.uid)
+            if self._stopped or stream is None or stream.endpoint is not endpoint:
+                return
+            del self._streams[endpoint.uid]
+            reported = self._lists.pop(endpoint.uid, None) is not None
+            orphaned = not self._streams
+            # Only a change is news: an endpoint that never answered takes nothing away, and
+            # the live endpoints' lists (maybe not in yet) are not to be read as empty.
+            if reported or orphaned:
+                self._deliver_merged()
+        stream.stop()
+        if orphaned:
+            self._publisher.error(
+                f"no live endpoint of discovery handler {self._handler.name}: its devices age "
+                "out until it registers again"
+            )
+
+    def received(self, stream: EndpointStream, devices: list[DiscoveredDevice]) -> None:
+        """A stream's new list (already screened)."""
+        with self._lock:
+            if self._stopped or self._streams.get(stream.endpoint.uid) is not stream:
+                return
+            self._lists[stream.endpoint.uid] = devices
+            self._deliver_merged()
+
+    def screen(
+        self, stream: EndpointStream, devices: list[DiscoveredDevice]
+    ) -> list[DiscoveredDevice] | None:
+        """The good devices of a stream's list (bad ones logged under the endpoint's uid)."""
+        return self._publisher.screen(devices, stream.endpoint.uid)
+
+    def error(self, message: str) -> None:
+        self._publisher.error(message)
+
+    def _deliver_merged(self) -> None:
+        # In the order the endpoints registered: the first one's device wins a shared id.
+        lists = [self._lists[uid] for uid in self._streams if uid in self._lists]
+        self._publisher.deliver(merge_device_lists(lists))
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            streams = list(self._streams.values())
+        self._publisher.close()
+        for stream in streams:
+            stream.stop()
+
+
+class EndpointStream:
+    """One ``Discover`` stream from one endpoint for one session, in a thread of its own.
+
+    A response replaces this endpoint's list. When the dial fails or the stream ends, the
+    endpoint is re-dialled with backoff for ``policy.reconnect_window`` seconds (0: not at all,
+    as Akri) and then dropped from its handler. ``INVALID_ARGUMENT`` means the handler refuses
+    the ``discoveryDetails``: reported and retried slowly, the endpoint stays.
+    """
+
+    def __init__(
+        self, session: ExternalSession, endpoint: Endpoint, request: pb.DiscoverRequest
+    ) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        self._request = request
+        self._policy = session.handler.policy
         self._stop = threading.Event()
-        self._interrupt = threading.Event()  # set by stop() and wake() to end a backoff wait
         self._lock = threading.Lock()
         self._call: grpc.RpcContext | None = None
-        self._grace_timer: threading.Timer | None = None
-        self.connects = 0  # streams that delivered at least one response; for tests and logs
+        self.connects = 0
         self._thread = threading.Thread(
-            target=self._run, name=f"discovery-{handler.name}", daemon=True
+            target=self._run, name=f"discovery-{endpoint.uid}"[:60], daemon=True
         )
 
-    def start(self) -> ExternalSession:
-        self._arm_grace()
+    def start(self) -> None:
         self._thread.start()
-        return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._interrupt.set()
-        self._publisher.close()
         with self._lock:
             call, self._call = self._call, None
-            timer, self._grace_timer = self._grace_timer, None
         if call is not None:
             call.cancel()
-        if timer is not None:
-            timer.cancel()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
-    def wake(self) -> None:
-        self._interrupt.set()
+    def _done(self) -> bool:
+        return self._stop.is_set() or self.endpoint.closed
 
     def _run(self) -> None:
-        attempt = 0  # consecutive failed connections; 0 once a response arrives
-        while not self._stop.is_set():
+        attempt = 0
+        lost_at: float | None = None  # when the current outage began
+        while not self._done():
             try:
                 received, error = self._stream_once()
-            except Exception as exc:  # a bug here must not end discovery for good
-                log.exception("discovery session for %s failed", self._handler.name)
+            except Exception as exc:  # a bug here must not end discovery silently
+                log.exception("discovery stream from %s failed", self.endpoint.uid)
                 received, error = False, exc
-            if self._stop.is_set():
+            if self._done():
                 break
             if received:
-                attempt = 0
-            if (
-                isinstance(error, grpc.RpcError)
-                and error.code() == grpc.StatusCode.INVALID_ARGUMENT
-            ):
+                attempt, lost_at = 0, None
+            if _is_invalid_argument(error):
                 self._refused(error)
-                delay = self._policy.invalid_details_retry
-            else:
-                self._lost(error, first=attempt == 0)
-                delay = self._policy.delay(attempt)
-                attempt += 1
-            if self._interrupt.wait(delay) and not self._stop.is_set():
-                attempt = 0  # woken by a re-registration: the DH is back, dial at once
-            self._interrupt.clear()
+                self._stop.wait(self._policy.invalid_details_retry)
+                continue
+            problem = _describe(error)
+            now = time.monotonic()
+            lost_at = now if lost_at is None else lost_at
+            if now - lost_at >= self._policy.reconnect_window:
+                self.session.handler.drop(self.endpoint, problem)
+                break
+            if attempt == 0:
+                log.info(
+                    "discovery handler endpoint %s: %s; re-dialling for up to %gs",
+                    self.endpoint.uid,
+                    problem,
+                    self._policy.reconnect_window,
+                )
+            self._stop.wait(self._policy.delay(attempt))
+            attempt += 1
 
     def _refused(self, error: grpc.RpcError) -> None:
         details = error.details()
         log.warning(
-            "discovery handler %s refused discoveryDetails: %s", self._handler.name, details
+            "discovery handler endpoint %s refused discoveryDetails: %s", self.endpoint.uid, details
         )
-        self._publisher.error(f"invalid discoveryDetails: {details}")
+        self.session.error(f"invalid discoveryDetails: {details}")
 
-    def _lost(self, error: Exception | None, *, first: bool) -> None:
-        name, target = self._handler.name, self._handler.target
-        if error is None:
-            problem = "stream closed by the handler"
-        elif isinstance(error, grpc.RpcError):
-            problem = f"{error.code().name}: {error.details()}"
-        else:
-            problem = f"{type(error).__name__}: {error}"
-        # One warning per outage; the retries themselves only at debug level.
-        level = logging.WARNING if first else logging.DEBUG
-        log.log(level, "discovery handler %s at %s: %s; reconnecting", name, target, problem)
-        self._publisher.error(
-            f"discovery handler {name} at {target} unavailable ({problem}); reconnecting"
-        )
-        self._arm_grace()
-
-    def _stream_once(self) -> tuple[bool, grpc.RpcError | None]:
+    def _stream_once(self) -> tuple[bool, Exception | None]:
         """Stream until it ends; returns whether anything arrived, and the error if any."""
         received = False
-        channel = grpc.insecure_channel(self._handler.target)
+        channel = grpc.insecure_channel(self.endpoint.target)
         try:
             call = pb_grpc.DiscoveryHandlerStub(channel).Discover(self._request)
             with self._lock:
@@ -330,8 +482,7 @@ class ExternalSession:
                 if not received:
                     received = True
                     self.connects += 1
-                    self._cancel_grace()
-                    log.info("discovery handler %s streaming devices", self._handler.name)
+                    log.info("discovery handler endpoint %s streaming devices", self.endpoint.uid)
                 self._deliver(response)
             return received, None
         except grpc.RpcError as exc:
@@ -344,43 +495,27 @@ class ExternalSession:
     def _deliver(self, response: pb.DiscoverResponse) -> None:
         try:
             devices = [device_from_proto(d) for d in response.devices]
-        except Exception as exc:  # never let a malformed response kill the session
-            log.exception("discovery handler %s sent an unreadable response", self._handler.name)
-            self._publisher.error(f"unreadable response from {self._handler.name}: {exc}")
+        except Exception as exc:  # never let a malformed response kill the stream
+            log.exception(
+                "discovery handler endpoint %s sent an unreadable response", self.endpoint.uid
+            )
+            self.session.error(f"unreadable response from {self.endpoint.uid}: {exc}")
             return
-        self._publisher.publish(devices)
+        accepted = self.session.screen(self, devices)
+        if accepted is not None:
+            self.session.received(self, accepted)
 
-    def _arm_grace(self) -> None:
-        with self._lock:
-            if self._grace_timer is not None or self._stop.is_set():
-                return
-            timer = threading.Timer(self._policy.offline_grace, self._withdraw)
-            timer.daemon = True
-            self._grace_timer = timer
-        timer.start()
 
-    def _cancel_grace(self) -> None:
-        with self._lock:
-            timer, self._grace_timer = self._grace_timer, None
-        if timer is not None:
-            timer.cancel()
+def _is_invalid_argument(error: Exception | None) -> bool:
+    return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-    def _withdraw(self) -> None:
-        with self._lock:
-            if self._stop.is_set() or self._grace_timer is None:
-                return
-            self._grace_timer = None
-        name = self._handler.name
-        log.warning(
-            "discovery handler %s unreachable for %ss, withdrawing its devices",
-            name,
-            self._policy.offline_grace,
-        )
-        self._publisher.publish([])
-        self._publisher.error(
-            f"discovery handler {name} at {self._handler.target} unreachable for "
-            f"{self._policy.offline_grace:g}s; its devices are withdrawn"
-        )
+
+def _describe(error: Exception | None) -> str:
+    if error is None:
+        return "stream closed by the handler"
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"
+    return f"{type(error).__name__}: {error}"
 
 
 class _RegistrationServicer(pb_grpc.RegistrationServicer):
@@ -432,31 +567,43 @@ class RegistrationServer:
         _remove_socket(self.socket_path)
 
     def register(self, request: pb.RegisterDiscoveryHandlerRequest) -> ExternalHandler:
-        """Validate and apply one registration (also callable without gRPC)."""
+        """Validate and apply one registration (also callable without gRPC).
+
+        The endpoint joins the handler of its name (created on first use, replacing a built-in
+        handler of that name). Its uid ``<name>@<endpoint>`` registering again replaces the
+        earlier registration of that uid; the other endpoints are untouched.
+        """
         validate_registration(request)
-        handler = ExternalHandler(
-            request.name,
-            request.endpoint,
-            request.endpoint_type,
-            request.shared,
-            policy=self.policy,
-        )
-        with self._lock:  # serialise compare-and-replace per server
-            current = self.registry.get(request.name)
-            if isinstance(current, ExternalHandler) and current.same_endpoint(handler):
-                log.info("discovery handler %s re-registered at %s", handler.name, handler.target)
-                current.wake()
-                return current
-            if current is not None and not isinstance(current, ExternalHandler):
-                log.warning("external discovery handler %s replaces the built-in one", handler.name)
+        endpoint = Endpoint(request.name, request.endpoint, request.endpoint_type, request.shared)
+        with self._lock:  # serialise find-or-create per server
+            handler, created = self._handler_for(endpoint)
+            was_shared = handler.shared
+            replaced = handler.add(endpoint)
+        if created or was_shared != endpoint.shared:
+            # New to the registry, or a changed shared flag: the agent (re)starts its sessions.
             self.registry.register(handler)
         log.info(
-            "discovery handler %s registered at %s (shared=%s)",
-            handler.name,
-            handler.target,
-            handler.shared,
+            "discovery handler endpoint %s %s at %s (shared=%s)",
+            endpoint.uid,
+            "registered again" if replaced is not None else "registered",
+            endpoint.target,
+            endpoint.shared,
         )
         return handler
+
+    def _handler_for(self, endpoint: Endpoint) -> tuple[ExternalHandler, bool]:
+        current = self.registry.get(endpoint.name)
+        if isinstance(current, ExternalHandler):
+            others = current.others(endpoint.uid)
+            if others and current.shared != endpoint.shared:
+                raise InvalidRegistration(
+                    f"shared={endpoint.shared} differs from shared={current.shared} of the "
+                    f"live endpoint(s) {', '.join(e.uid for e in others)} of {endpoint.name}"
+                )
+            return current, False
+        if current is not None:
+            log.warning("external discovery handler %s replaces the built-in one", endpoint.name)
+        return ExternalHandler(endpoint.name, endpoint.shared, policy=self.policy), True
 
 
 def _serve_unix(

@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from agent.domain.configspec import InvalidConfiguration, parse_configuration
 from agent.domain.slots import UsageKind, parse_usage, slot_views
-from agent.models import Configuration, Instance, ReconcileRun, Slot, SlotEvent
+from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def _event_fields(
     at: datetime | None,
 ) -> dict[str, Any]:
     if attribution is None:
-        attribution = _infer(before, after)
+        attribution = _infer(before, after, row)
     return dict(
         at=at or timezone.now(),
         namespace=row.namespace,
@@ -296,10 +296,19 @@ def _event_fields(
     )
 
 
-def _infer(before: str, after: str) -> Attribution:
-    """Attribute a change seen only through a watch, from the values themselves."""
+def _infer(before: str, after: str, row: Instance) -> Attribution:
+    """Attribute a change seen only through a watch, from the values themselves.
+
+    A new holder is credited to that node's agent only when it names a node the cluster knows;
+    anything else (say ``"" -> "weird-value-123"`` written straight to the API server) is an
+    observed change by an unknown writer, not an allocation by an agent that does not exist.
+    """
     old, new = parse_usage(before), parse_usage(after)
-    if new.kind in (UsageKind.NODE, UsageKind.CONFIG) and old.kind is UsageKind.FREE:
+    if (
+        new.kind in (UsageKind.NODE, UsageKind.CONFIG)
+        and old.kind is UsageKind.FREE
+        and _known_node(new.node, row)
+    ):
         return Attribution(
             SlotEvent.Cause.ALLOCATE, f"agent:{new.node}", node=new.node, detail="seen by watch"
         )
@@ -310,6 +319,12 @@ def _infer(before: str, after: str) -> Attribution:
     return Attribution(
         SlotEvent.Cause.OBSERVED, "unknown", node=new.node or old.node, detail="seen by watch"
     )
+
+
+def _known_node(name: str, row: Instance) -> bool:
+    """A node this cluster knows: in the Instance's ``spec.nodes`` (where agents put
+    themselves), or mirrored from the Node list (the controller's cache)."""
+    return name in (row.nodes or []) or Node.objects.filter(name=name).exists()
 
 
 def remove_instance(namespace: str, name: str) -> None:

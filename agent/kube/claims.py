@@ -46,6 +46,7 @@ __all__ = [
     "SlotChanged",
     "SlotTaken",
     "UnknownSlot",
+    "WriteUnknown",
     "manual_release",
 ]
 
@@ -60,6 +61,12 @@ class InstanceGone(ClaimStoreError):
 
 class UnknownSlot(ClaimStoreError):
     """The key is not a slot of the Instance."""
+
+
+class WriteUnknown(ClaimStoreError):
+    """The last write got no answer (a timeout, a dropped connection): the API server may
+    still apply it. A caller that gives up must undo it as if it had happened (a release is
+    conditional, so it frees nothing that this write did not claim)."""
 
 
 # Codes worth retrying as they are; 409/422 mean "re-read and decide" instead.
@@ -300,7 +307,7 @@ class ClaimStore:
                     ) from None
             except HTTPError as exc:
                 if attempt >= self.attempts - 1:
-                    raise ClaimStoreError(f"writing Instance {instance}: {exc}") from None
+                    raise WriteUnknown(f"writing Instance {instance}: {exc}") from None
             self._sleep(attempt)
             attempt += 1
 

@@ -17,6 +17,13 @@ stream of Allocates slows bookkeeping down (to half speed at worst) but never st
 call whose end is never reported (its event loop stopped under it) stops counting after
 ``STALE`` seconds. Order is untouched: each loop still works through its own queue in order.
 The gate is per process, like the lock it is about.
+
+It stays because it pays: measured in one ``allocate`` run, toggled call by call (every other
+Allocate with the gate, every other without), the p50 was 1.37 ms with it and 2.42 ms without
+it with everything settled between calls (44% less), and 2.58 ms against 3.52 ms with the
+bench's sustained churn (27% less), on the shared 2-core machine. Two companions measured the
+same way did not pay (held device-list updates, and a wait for the answer to be sent) and are
+gone.
 """
 
 from __future__ import annotations

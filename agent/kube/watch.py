@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -42,6 +42,11 @@ LIST_PAGE = 500  # objects per page of a relist
 # An announced write's change arrives within seconds; one this old came in some other way.
 EXPECTED_SECONDS = 60.0
 EXPECTED_MAX = 1024  # announcements kept before expired ones are looked for
+# A cache write that met a database error ("database is locked", a PostgreSQL restart) is
+# tried again after these delays, doubling: an update dropped would leave the cache wrong
+# (a freed slot shown held) until the next relist.
+APPLY_RETRY_FIRST = 0.05
+APPLY_RETRY_MAX = 5.0
 Event = tuple[str, dict[str, Any]]
 
 
@@ -78,6 +83,7 @@ class ResourceWatcher:
         self.synced = threading.Event()
         self.relists = 0
         self._stopping = threading.Event()
+        self._relist_wanted = threading.Event()
         self._watch: watch.Watch | None = None
         self._stored_at = 0.0
 
@@ -88,7 +94,8 @@ class ResourceWatcher:
         failures = 0
         while not self._stopping.is_set():
             try:
-                if not self.resource_version:
+                if not self.resource_version or self._relist_wanted.is_set():
+                    self._relist_wanted.clear()
                     self.relist()
                 self.watch_once()
                 failures = 0
@@ -122,12 +129,24 @@ class ResourceWatcher:
                     break
                 failures += 1
                 log.exception("%s/%s watch handler failed; retrying", self.owner, self.kind)
+                # A database error may have broken this thread's connection: drop it if so,
+                # the replayed events get a fresh one.
+                close_old_connections()
             if failures:
                 self._stopping.wait(min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0))
         close_old_connections()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._end_stream()
+
+    def relist_soon(self) -> None:
+        """List afresh now (the cache lost track of some change): the stream ends and the
+        loop relists, which replaces what the handlers built."""
+        self._relist_wanted.set()
+        self._end_stream()
+
+    def _end_stream(self) -> None:
         current = self._watch
         if current is not None:
             current.stop()
@@ -177,7 +196,7 @@ class ResourceWatcher:
             )
             self.synced.set()
             for event in stream:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or self._relist_wanted.is_set():
                     break
                 kind = event["type"]
                 obj = event["raw_object"] if self.to_dict else event["object"]
@@ -258,6 +277,8 @@ class CacheSync:
         self.owner = owner
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.apply_failures = 0  # cache writes that met an error (each retried or relisted)
         self._threads: list[threading.Thread] = []
         self._queue: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         # resourceVersions the watch delivered lately, per Instance (bounded).
@@ -341,6 +362,7 @@ class CacheSync:
         return bool(seen) and cache.not_newer(rv, seen[-1])
 
     def stop(self) -> None:
+        self._stopping.set()
         self.configurations.stop()
         self.instances.stop()
         self._queue.put(None)
@@ -401,22 +423,52 @@ class CacheSync:
             item = self._queue.get()
             if item is None:
                 break
-            what, first, second = item
             # Cache rows and subscribers' work (health updates, the reconciler's checks) can
             # wait for an Allocate's answer to leave; the order of the queue stays as it is.
             FOREGROUND.wait_idle()
-            try:
-                if what == "event":
-                    self._instance_event(first, second)
-                elif what == "relist":
-                    self._instance_relist(first)
-                elif what == "direct":
-                    self._direct(first, second)
-                else:
-                    first.set()
-            except Exception:
-                log.exception("%s: applying %s to the cache failed", self.owner, what)
+            self._apply_until_done(item)
         close_old_connections()
+
+    def _apply_until_done(self, item: tuple[str, Any, Any]) -> None:
+        """Apply one queued item. The database being locked or away is retried, with
+        backoff, until the item goes through or the sync stops: the items behind it wait, so
+        the order holds. Any other error (a row the database refuses, a fault in handling
+        this item) would fail again: the cache is rebuilt from a relist instead."""
+        what = item[0]
+        delay = APPLY_RETRY_FIRST
+        while True:
+            try:
+                self._apply(*item)
+                return
+            except (OperationalError, InterfaceError) as exc:
+                self.apply_failures += 1
+                log.warning(
+                    "%s: applying %s to the cache failed (%s); retrying in %.2fs",
+                    self.owner,
+                    what,
+                    exc,
+                    delay,
+                )
+                # A connection the error broke (a database restart) must not be reused.
+                connections.close_all()
+                if self._stopping.wait(delay):
+                    return
+                delay = min(APPLY_RETRY_MAX, delay * 2)
+            except Exception:
+                self.apply_failures += 1
+                log.exception("%s: applying %s to the cache failed; relisting", self.owner, what)
+                self.instances.relist_soon()
+                return
+
+    def _apply(self, what: str, first: Any, second: Any) -> None:
+        if what == "event":
+            self._instance_event(first, second)
+        elif what == "relist":
+            self._instance_relist(first)
+        elif what == "direct":
+            self._direct(first, second)
+        else:
+            first.set()
 
     def _remember(self, name: str, rv: str) -> None:
         with self._watched_grew:

@@ -42,7 +42,7 @@ from kubernetes import client
 
 from agent.discovery.base import DiscoveredDevice, DiscoveryHandler, HandlerRegistry
 from agent.discovery.debugecho import DEFAULT_AVAILABILITY_PATH, DebugEchoHandler
-from agent.discovery.external import RegistrationServer
+from agent.discovery.external import ReconnectPolicy, RegistrationServer
 from agent.discovery.udev import UdevHandler
 from agent.domain.naming import (
     cl_resource_name,
@@ -54,6 +54,7 @@ from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
 from agent.models import Configuration, Instance, SlotEvent
+from agent.node.assignments import assignments_for
 from agent.node.cl import ConfigurationPlugin
 from agent.node.discovery import (
     ConfigDiscovery,
@@ -122,6 +123,8 @@ class NodeAgent:
       one the agent runs its own.
     - ``offline_grace``: seconds a shared device may go undiscovered before this node leaves
       its Instance (unshared: at once).
+    - ``discovery_reconnect``: seconds a failed external handler endpoint is re-dialled before
+      it is dropped (0: at once, as Akri).
     - ``reconciler_factory(agent)``: builds the slot reconciler (``on_allocated``, ``start``,
       ``stop``, optionally ``serialized(*instances)``); by default ``agent.node.reconcile``'s
       when a PodResources socket is given. ``reconcile=False`` runs none.
@@ -139,6 +142,7 @@ class NodeAgent:
         sync: CacheSync | None = None,
         *,
         offline_grace: float = 300.0,
+        discovery_reconnect: float = 0.0,
         reconciler_factory: Callable[[NodeAgent], Reconciler] | None = None,
         reconcile: bool = True,
         restart_poll: float = 0.5,
@@ -155,6 +159,7 @@ class NodeAgent:
         self.kubelet_socket = kubelet_socket or f"{plugin_dir}/{KUBELET_SOCKET}"
         self.handlers = handlers if handlers is not None else default_handlers()
         self.offline_grace = offline_grace
+        self.discovery_reconnect = discovery_reconnect
         self.restart_poll = restart_poll
         self.api = AkriApi(api_client, namespace)
         self._own_sync = sync is None
@@ -164,6 +169,7 @@ class NodeAgent:
             self.api, f"agent:{node_name}", on_applied=self._claim_applied, sync=self.sync
         )
         self.view = ClusterView()
+        self.assignments = assignments_for(api_client, node_name)  # the extender's, issue 14
         self.loop = LoopThread(f"agent-{node_name}", blocking_workers)
         self.claim_pool = ThreadPoolExecutor(claim_workers, thread_name_prefix=f"claim-{node_name}")
         self.register_slots = asyncio.Semaphore(8)  # concurrent Register calls per agent
@@ -179,7 +185,7 @@ class NodeAgent:
         self._cl: dict[str, ConfigurationPlugin] = {}
         self._dirty: set[str] = set()
         self._lifecycle: set[Future] = set()  # plugin starts and stops under way
-        self._holds = 0  # Allocates holding back device-list updates
+        self._holds = 0  # CL Allocates holding back device-list updates
         self._held: set[DevicePlugin] = set()
         self._deadlines: dict[str, float] = {}  # configuration -> re-check at
         self._discovery: dict[str, ConfigDiscovery] = {}  # written by the worker only
@@ -201,7 +207,11 @@ class NodeAgent:
         # The reconciler runs before any plugin can take an Allocate, so it sees every claim.
         self._start_reconciler()
         if self.registration_socket:
-            self._registration = RegistrationServer(self.handlers, self.registration_socket).start()
+            self._registration = RegistrationServer(
+                self.handlers,
+                self.registration_socket,
+                policy=ReconnectPolicy(reconnect_window=self.discovery_reconnect),
+            ).start()
         self._monitor = self.loop.submit(self._watch_kubelet())
         self._worker.start()
         self.started = True
@@ -382,35 +392,24 @@ class NodeAgent:
             if plugin is not None:
                 plugin.notify()
 
-    def hold_notifications(self) -> Callable[..., None]:
-        """Device-list updates wait until the returned ``release`` is called (it may be
-        called more than once, with any arguments): they go out together after it."""
+    @contextlib.contextmanager
+    def notifications_held(self) -> Iterator[None]:
+        """Device-list updates wait while a CL Allocate claims and answers, and go out once,
+        together, right after the answer: its concurrent claims would each have the plugins
+        recompute and send their lists in the middle of the call. Measured in one
+        ``cl-allocate`` run, toggled call by call: 4.19 ms p50 with it, 5.78 ms without (28%
+        less) with everything settled between calls; no difference under the sustained churn.
+        The single-slot IL Allocate gained nothing from it and does without."""
         with self._lock:
             self._holds += 1
-        released = False
-
-        def release(*_: object) -> None:
-            nonlocal released
+        try:
+            yield
+        finally:
             with self._lock:
-                if released:
-                    return
-                released = True
                 self._holds -= 1
                 held, self._held = (self._held, set()) if self._holds == 0 else (set(), self._held)
             for plugin in held:
                 plugin.notify()
-
-        return release
-
-    @contextlib.contextmanager
-    def notifications_held(self) -> Iterator[None]:
-        """Device-list updates wait while an Allocate claims and answers: the answer leaves
-        first, and the updates its claims cause go out together right after."""
-        release = self.hold_notifications()
-        try:
-            yield
-        finally:
-            release()
 
     def _config_of_plugin(self, plugin: InstancePlugin) -> str:
         seen = self._seen.get(plugin.instance)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -29,14 +28,13 @@ from agent.domain.cl import cl_devices, plan_cl_claims, preferred_allocation
 from agent.domain.errors import InsufficientDevices, InvalidDeviceId
 from agent.domain.naming import cl_resource_name
 from agent.domain.slots import format_cl
-from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot
+from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot, WriteUnknown
+from agent.node.assignments import cl_plan
+from agent.node.host import PluginHost
 from agent.node.il import claim_refusal
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +46,11 @@ Claim = tuple[str, str, str]  # (instance, slot key, value)
 class ConfigurationPlugin(DevicePlugin):
     level = "CL"
 
-    def __init__(self, agent: NodeAgent, configuration: str) -> None:
+    def __init__(self, agent: PluginHost, configuration: str) -> None:
         super().__init__(agent, configuration, cl_resource_name(configuration))
         self.configuration = configuration
         self._allocate_lock = threading.Lock()
+        self._taken = None  # the extender's assignment for the request being allocated
 
     def options(self) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions(
@@ -103,6 +102,7 @@ class ConfigurationPlugin(DevicePlugin):
     def _allocate_container(self, vdevs: list[str], made: list[Claim]) -> list[Claim]:
         if not vdevs:
             raise AllocateRefused(grpc.StatusCode.INVALID_ARGUMENT, "no device ids requested")
+        self._taken = self.agent.assignments.take(self.resource_name, len(vdevs))
         for attempt in range(PLAN_ATTEMPTS):
             plan = self._plan(vdevs)
             if attempt == 0:
@@ -149,7 +149,8 @@ class ConfigurationPlugin(DevicePlugin):
     def _plan_from_view(self, vdevs: list[str]) -> list[tuple[str, str, str]]:
         states = self.agent.view.states(self.configuration)
         node, unique = self.agent.node_name, self.unique()
-        return plan_cl_claims(states, node, vdevs, unique, self.configuration)
+        assigned = cl_plan(self._taken, states, node, vdevs, unique, self.configuration)
+        return assigned or plan_cl_claims(states, node, vdevs, unique, self.configuration)
 
     def _refresh_busy(self) -> None:
         """Re-read, concurrently, the usable Instances the view shows with a slot in use: only
@@ -182,6 +183,9 @@ class ConfigurationPlugin(DevicePlugin):
                     made.append(claim)
             except SlotTaken:
                 taken.append(claim)
+            except WriteUnknown as exc:
+                made.append(claim)  # the server may still apply it: roll it back with the rest
+                refusal = refusal or claim_refusal(claim[0], claim[1], exc)
             except (UnknownSlot, ClaimStoreError) as exc:
                 refusal = refusal or claim_refusal(claim[0], claim[1], exc)
         if refusal is not None:

@@ -36,7 +36,15 @@ def session_key(handler: DiscoveryHandler, spec: ConfigSpec) -> tuple:
     properties = json.dumps(
         [(p.name, p.value, p.value_from) for p in spec.discovery_properties], sort_keys=True
     )
-    return (spec.handler_name, id(handler), spec.discovery_details, properties)
+    # ``shared`` too: an external handler keeps its identity when its endpoints re-register
+    # with another shared flag, and the Instances' names depend on it.
+    return (
+        spec.handler_name,
+        id(handler),
+        bool(handler.shared),
+        spec.discovery_details,
+        properties,
+    )
 
 
 def resolve_properties(

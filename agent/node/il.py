@@ -12,19 +12,24 @@ this call claimed is released again if a later slot cannot be had.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from agent.domain.naming import il_resource_name
 from agent.domain.slots import format_il, il_devices
-from agent.kube.claims import ClaimStoreError, InstanceGone, SlotTaken, UnknownSlot
+from agent.kube.claims import (
+    ClaimStoreError,
+    InstanceGone,
+    SlotTaken,
+    UnknownSlot,
+    WriteUnknown,
+)
+from agent.node.assignments import il_preferred
+from agent.node.host import PluginHost
 from agent.node.plugin import AllocateRefused, DevicePlugin, Respond
 from agent.node.responses import Granted, container_response
 from agent.protos import deviceplugin_pb2 as dp
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +54,24 @@ def claim_refusal(instance: str, key: str, exc: Exception) -> AllocateRefused:
 class InstancePlugin(DevicePlugin):
     level = "IL"
 
-    def __init__(self, agent: NodeAgent, instance: str) -> None:
+    def __init__(self, agent: PluginHost, instance: str) -> None:
         super().__init__(agent, instance, il_resource_name(instance))
         self.instance = instance
 
     def options(self) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=False
+            pre_start_required=False,
+            get_preferred_allocation_available=self.agent.assignments.enabled,
         )
+
+    def preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        if not self.agent.assignments.enabled:
+            return super().preferred(request)  # not offered: UNIMPLEMENTED, as before
+        response = dp.PreferredAllocationResponse()
+        for container in request.container_requests:
+            ids = il_preferred(self.agent.assignments, self.resource_name, container)
+            response.container_responses.add(deviceIDs=ids)
+        return response
 
     def devices(self) -> list[tuple[str, str]]:
         state = self.agent.view.state(self.instance)
@@ -73,17 +88,16 @@ class InstancePlugin(DevicePlugin):
         # The reconciler must not act on this Instance between our claim and its binding; the
         # kubelet has its answer before the binding is written, the lock still held.
         with self.agent.serialized(self.instance):
-            with self.agent.notifications_held():
-                try:
-                    for container in request.container_requests:
-                        for key in dict.fromkeys(container.devices_ids):
-                            if self._claim(key, wanted, obj) == "claimed":
-                                claimed.append(key)
-                            obj = self.agent.view.instance(self.instance) or obj
-                except AllocateRefused:
-                    self._roll_back(claimed, wanted)
-                    raise
-                respond(self._answer(request, obj, wanted))
+            try:
+                for container in request.container_requests:
+                    for key in dict.fromkeys(container.devices_ids):
+                        if self._claim(key, wanted, obj) == "claimed":
+                            claimed.append(key)
+                        obj = self.agent.view.instance(self.instance) or obj
+            except AllocateRefused:
+                self._roll_back(claimed, wanted)
+                raise
+            respond(self._answer(request, obj, wanted))
             for container in request.container_requests:
                 for key in dict.fromkeys(container.devices_ids):
                     self.agent.allocated(self.instance, key, wanted, key, self.resource_name)
@@ -123,6 +137,10 @@ class InstancePlugin(DevicePlugin):
                 detail=f"Allocate through {self.resource_name}",
                 current=obj,
             )
+        except WriteUnknown as exc:
+            # The server may still apply it: undo it like the claims this call made.
+            self._roll_back([key], wanted)
+            raise claim_refusal(self.instance, key, exc) from None
         except (SlotTaken, UnknownSlot, ClaimStoreError) as exc:
             raise claim_refusal(self.instance, key, exc) from None
 

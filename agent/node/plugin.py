@@ -23,21 +23,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 
 from agent import metrics
 from agent.domain.naming import plugin_socket_name
 from agent.kube.foreground import FOREGROUND
+from agent.node.host import PluginHost
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
-
-if TYPE_CHECKING:
-    from agent.node.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +42,6 @@ KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT = 15.0  # the kubelet's own dial back to us may take up to 10 s
 REGISTER_RETRY_MAX = 2.0
 STOP_GRACE = 0.5
-# Longest wait, after answering an Allocate, for gRPC to have sent the answer.
-ANSWER_SENT_WAIT = 1.0
 REGISTER_FINISH_WAIT = 1.0
 # The kubelet (grpc-go) accepts the %-encoded socket path C-core sends as :authority; stricter
 # servers do not, and the kubelet itself dials plugins with "localhost".
@@ -90,7 +84,7 @@ class DevicePlugin:
 
     level = "?"
 
-    def __init__(self, agent: NodeAgent, name: str, resource_name: str) -> None:
+    def __init__(self, agent: PluginHost, name: str, resource_name: str) -> None:
         self.agent = agent
         self.name = name
         self.resource_name = resource_name
@@ -276,21 +270,9 @@ class DevicePlugin:
     async def allocate_rpc(self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext):
         started = time.perf_counter()
         # Until gRPC has sent the answer, background bookkeeping waits (see
-        # agent.kube.foreground) and so do this agent's device-list updates: the answer
-        # leaves first, the updates its claims cause right after. The done callback runs
-        # however the call ends (answered, refused, cancelled).
-        leave = FOREGROUND.enter()
-        release = self.agent.hold_notifications()
-        sent = threading.Event()
-
-        def done(_: object) -> None:
-            sent.set()
-            try:
-                release()
-            finally:
-                leave()
-
-        context.add_done_callback(done)
+        # agent.kube.foreground). The done callback runs however the call ends (answered,
+        # refused, cancelled).
+        context.add_done_callback(FOREGROUND.enter())
         loop = asyncio.get_running_loop()
         answer: asyncio.Future = loop.create_future()
         responded = False
@@ -299,11 +281,6 @@ class DevicePlugin:
             nonlocal responded
             responded = True
             loop.call_soon_threadsafe(_settle, answer, response, None)
-            # What the plugin does after answering (the reconciler's binding, under its
-            # per-Instance lock) waits until gRPC has sent the answer: the two would
-            # otherwise take turns on the interpreter lock, and the kubelet would wait for
-            # bookkeeping it does not need.
-            sent.wait(ANSWER_SENT_WAIT)
 
         def work() -> None:
             try:
@@ -362,7 +339,11 @@ class _Servicer(dp_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(self, request, context):
         try:
-            return self.plugin.preferred(request)
+            # In the blocking pool: a plugin may look its pod's assignment up in the API server.
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self.plugin.agent.loop.blocking, self.plugin.preferred, request
+            )
         except AllocateRefused as exc:
             await context.abort(exc.code, exc.message)
 

@@ -53,7 +53,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.models import Q
 from django.utils import timezone
 from kubernetes import client
@@ -91,6 +97,7 @@ TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 LEARN_FIRST_DELAY = 0.02
 LEARN_MAX_DELAY = 1.0
 PRUNE_INTERVAL = 3600.0  # seconds between prunes of this node's run history
+PRUNE_RETRY = 60.0  # after a prune failed (the database was busy or away)
 # Tombstones of deleted pods are kept this long (latency metric, GONE without a GET).
 TOMBSTONE_SECONDS = 3600.0
 DETAIL_LINES = 60
@@ -98,6 +105,11 @@ DETAIL_LINES = 60
 EVENT_RUN_SECONDS = 1.0
 # Write-behind rows per transaction.
 WRITE_BATCH = 32
+# A batch whose transaction met a database error (locked, restarting) is written again after
+# these delays, doubling: the rows are how a restarted agent resumes.
+WRITE_RETRY_FIRST = 0.05
+TARGET_RETRY_SECONDS = 1.0
+WRITE_RETRY_MAX = 5.0
 
 
 # --- facts and the rule ---------------------------------------------------------------------
@@ -558,8 +570,8 @@ class NodeReconciler:
                 if now >= next_prune:
                     # This node's own history, in the agent's database; the cluster's Celery
                     # beat prunes the shared one.
-                    self._guarded(self.prune_runs)
-                    next_prune = now + PRUNE_INTERVAL
+                    pruned = self._guarded(self.prune_runs)
+                    next_prune = now + (PRUNE_INTERVAL if pruned else PRUNE_RETRY)
                 due = [next_sweep] + ([self._learn_due] if self._learn_due is not None else [])
                 self._wake.wait(max(0.0, min(due) - now))
                 self._wake.clear()
@@ -571,21 +583,27 @@ class NodeReconciler:
                     next_sweep = time.monotonic() + self.sweep_interval
                 with self._targets_guard:
                     targets, self._targets = self._targets, set()
-                if targets:
-                    self._guarded(self.reconcile_slots, targets)
-                if self._learn_due is not None and time.monotonic() >= self._learn_due:
-                    self._guarded(self.learn)
+                if targets and not self._guarded(self.reconcile_slots, targets):
+                    self._retry_targets(targets)
+                learn_due = self._learn_due is not None and time.monotonic() >= self._learn_due
+                if learn_due and not self._guarded(self.learn):
+                    self._schedule_learn()  # a failed learn pass is tried again, later
         finally:
             connections.close_all()
 
-    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run one pass; False when it failed (logged; the loop goes on)."""
         # A pass is PodResources, the API server and the ORM: milliseconds of this process's
         # interpreter lock that an Allocate in flight should not share (agent.kube.foreground).
         FOREGROUND.wait_idle()
         try:
             fn(*args)
-        except Exception:  # the loop must outlive any one pass; the next one retries
+        except Exception as exc:  # the loop must outlive any one pass; the next one retries
             log.exception("%s: reconcile step %s failed", self.node, getattr(fn, "__name__", fn))
+            if isinstance(exc, DatabaseError):
+                connections.close_all()  # a connection the error broke is not reused
+            return False
+        return True
 
     # --- serialization ------------------------------------------------------------------------
     def _lock(self, instance: str) -> threading.RLock:
@@ -810,6 +828,13 @@ class NodeReconciler:
         resources = {b.resource_name for b in unnamed}
         return not any(use.resource_name in resources for use in uses)
 
+    def _retry_targets(self, slots: set[str]) -> None:
+        """A failed targeted pass is tried again after a pause (not at once: whatever failed
+        is likely still failing); the sweep would get to them too, later."""
+        timer = threading.Timer(TARGET_RETRY_SECONDS, self.request, args=(slots,))
+        timer.daemon = True
+        timer.start()
+
     def request(self, slots: Iterable[str]) -> None:
         """Ask the loop for a targeted pass over ``slots`` (any thread)."""
         with self._targets_guard:
@@ -869,10 +894,13 @@ class NodeReconciler:
 
     def _act_on(self, book: RunBook, instance: str, keys: list[str], snapshot: Snapshot) -> None:
         with self._lock(instance):
+            # Re-read under the lock: an Allocate may have re-bound a slot meanwhile. One
+            # query for the Instance's slots, not one per slot: a sweep that learns every pod
+            # acts on thousands of them.
+            values = self._cached_values(instance, keys)
             for key in keys:
-                # Re-read under the lock: an Allocate may have re-bound the slot meanwhile.
                 binding = self._binding(key)
-                value = self._cached_value(instance, key)
+                value = values[key]
                 decision = self._decide(key, value, binding, snapshot, self.clock())
                 try:
                     self._act(
@@ -1153,24 +1181,28 @@ class NodeReconciler:
             )
         }
 
-    def _cached_value(self, instance: str, key: str) -> str | None:
-        """The slot's value as freshly as this process knows it: the cache, or the claim
+    def _cached_values(self, instance: str, keys: list[str]) -> dict[str, str | None]:
+        """The slots' values as freshly as this process knows them: the cache, or the claim
         store's answer to our own last write when that is newer (the cache takes it
-        asynchronously, behind the watch)."""
-        row = (
-            Slot.objects.filter(
-                instance__namespace=self.namespace, instance__name=instance, key=key
-            )
-            .values_list("value", "instance__resource_version")
-            .first()
-        )
+        asynchronously, behind the watch). None for a slot the cache does not have."""
+        rows = {
+            key: (value, rv)
+            for key, value, rv in Slot.objects.filter(
+                instance__namespace=self.namespace, instance__name=instance, key__in=keys
+            ).values_list("key", "value", "instance__resource_version")
+        }
         seen = getattr(self.claims, "last_seen", {}).get(instance)
-        if seen is not None:
-            rv = str((seen.get("metadata") or {}).get("resourceVersion") or "")
-            if row is None or is_older(row[1], rv):
-                view = InstanceState.from_object(seen).view(key)
-                return view.usage.raw if view is not None else None
-        return row[0] if row is not None else None
+        seen_rv = str(((seen or {}).get("metadata") or {}).get("resourceVersion") or "")
+        state = InstanceState.from_object(seen) if seen is not None else None
+        values: dict[str, str | None] = {}
+        for key in keys:
+            row = rows.get(key)
+            if state is not None and (row is None or is_older(row[1], seen_rv)):
+                view = state.view(key)
+                values[key] = view.usage.raw if view is not None else None
+            else:
+                values[key] = row[0] if row is not None else None
+        return values
 
     def _use_state(self, use: DeviceUse) -> PodState:
         info = self.pods.get(use.namespace, use.pod)
@@ -1325,24 +1357,47 @@ class NodeReconciler:
     def _write_batch(self, batch: list[tuple[Any, tuple]]) -> None:
         """One transaction for the batch: on SQLite each one queues for the database's
         write lock (behind the cache applier, say) and a busy wait sleeps in whole
-        milliseconds. A savepoint per write keeps one failure from undoing the others.
-        Flush marks are set once the batch is committed (or failed: nobody waits forever)."""
+        milliseconds. A savepoint per write keeps one bad row from undoing the others; a
+        database error (locked, gone) undoes the batch, which is written again with backoff
+        until it lands or the reconciler stops. Flush marks are set once it is committed."""
         marks: list[threading.Event] = [args[0] for fn, args in batch if fn is _FLUSH]
+        delay = WRITE_RETRY_FIRST
         try:
-            with transaction.atomic():
-                for fn, args in batch:
-                    if fn is _FLUSH:
-                        continue
-                    try:
-                        with transaction.atomic():
-                            fn(*args)
-                    except Exception:
-                        log.exception("%s: persisting %s failed", self.node, fn.__name__)
-        except Exception:
+            while True:
+                try:
+                    self._write_once(batch)
+                    return
+                except (OperationalError, InterfaceError) as exc:
+                    log.warning(
+                        "%s: persisting %d writes failed (%s); retrying in %.2fs",
+                        self.node,
+                        len(batch),
+                        exc,
+                        delay,
+                    )
+                    connections.close_all()  # a connection the error broke is not reused
+                    if self._stopping.wait(delay):
+                        return
+                    delay = min(WRITE_RETRY_MAX, delay * 2)
+        except Exception:  # anything else would end the writer: log it and go on
             log.exception("%s: persisting %d writes failed", self.node, len(batch))
         finally:
             for mark in marks:
                 mark.set()
+
+    def _write_once(self, batch: list[tuple[Any, tuple]]) -> None:
+        with transaction.atomic():
+            for fn, args in batch:
+                if fn is _FLUSH:
+                    continue
+                try:
+                    with transaction.atomic():
+                        fn(*args)
+                except (OperationalError, InterfaceError):
+                    raise  # the database, not this row: the whole batch again, later
+                except Exception:
+                    # One row's problem (it contradicts another, say): logged, the rest go on.
+                    log.exception("%s: persisting %s failed", self.node, fn.__name__)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued database write has landed (tests, benchmarks)."""

@@ -8,6 +8,7 @@ class DashboardConfig(AppConfig):
     verbose_name = "Dashboard"
 
     def ready(self) -> None:
+        from akri_site.dashboard import checks  # noqa: F401  (registers the deploy checks)
         from akri_site.dashboard.access import ensure_roles
 
         # post_migrate is sent only for apps with models, so listen for the agent's: by then

@@ -8,20 +8,35 @@ Frames from the browser (JSON objects with a ``type``):
   narrowed to those filters (the slot map's filters; ``view`` is slots/overview/runs);
 * ``{"type": "refresh"}`` -> a new snapshot.
 
-Anything else (binary, not JSON, not an object, an unknown type, a bad filter) gets an
-``{"type": "error"}`` frame and closes *this* socket with code 4400; other sockets carry on.
-Anonymous users and users without a role are refused before the handshake completes (4403).
+Anything else (binary, not JSON, nested too deep, not an object, an unknown type, a bad
+filter) gets an ``{"type": "error"}`` frame and closes *this* socket with code 4400; other
+sockets carry on. Anonymous users and users without a role are refused before the handshake
+completes (4403);
+so is everyone while the channel layer cannot be reached (1013: the page retries).
+
+An open socket does not outlive what let it in: the user is checked again before every frame
+from the browser is answered and every ``AKRI_WS_RECHECK_SECONDS`` (the session still exists
+and still names an active user with a role). The socket is closed with 4401 when the session
+has ended (signed out, expired, password changed, user deactivated) and with 4403 when the
+user's role was taken away; an ``{"type": "error"}`` frame says which first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qsl
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import get_user
+from django.db import DatabaseError
 from django.utils import timezone
 
 from agent.metrics import WEBSOCKET_CLIENTS
@@ -36,7 +51,9 @@ from akri_site.dashboard.slotmap import iso, matching, narrow, page_of, summary
 log = logging.getLogger(__name__)
 
 CLOSE_BAD_FRAME = 4400
+CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_UNAVAILABLE = 1013  # "try again later": the channel layer cannot be reached
 MAX_FRAME = 16 * 1024
 # Instances in a snapshot: the page itself was rendered by the server, the snapshot only
 # catches up; beyond this the browser is told to reload instead.
@@ -87,11 +104,33 @@ def _snapshot(view: str, filters: dict[str, str], release: bool) -> dict[str, An
     }
 
 
+def recheck(session_key: str | None) -> tuple[int | None, bool]:
+    """Is the socket's session still good? ``(close code or None, may release)``.
+
+    Reads the session afresh (the scope's copy was loaded at connect) and lets Django decide
+    whether it still names the user: a password change or deactivation ends it too.
+    """
+    if not session_key:
+        return CLOSE_SIGNED_OUT, False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    if not store.exists(session_key):
+        return CLOSE_SIGNED_OUT, False
+    user = get_user(SimpleNamespace(session=store))
+    if not user.is_authenticated:
+        return CLOSE_SIGNED_OUT, False
+    if not can_view(user):
+        return CLOSE_FORBIDDEN, False
+    return None, can_release(user)
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     view = "slots"
     filters: dict[str, str]
     joined = False
     release = False
+    session_key: str | None = None
+    watchdog: asyncio.Task | None = None
+    shut = False  # closed by the re-check
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -101,21 +140,68 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         self.filters = {}
         self.release = await database_sync_to_async(can_release)(user)
-        await self.accept()
-        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
+        # Join before accepting: a socket that cannot get deltas (the channel layer's Redis is
+        # down) is refused, so the page says Reconnecting, then Stale, never a false Live.
+        try:
+            await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        except Exception as exc:
+            log.warning("live: refusing a websocket, the channel layer is unavailable: %s", exc)
+            await self.close(code=CLOSE_UNAVAILABLE)
+            return
         self.joined = True
+        await self.accept()
+        self.watchdog = asyncio.ensure_future(self._recheck_periodically())
         WEBSOCKET_CLIENTS.inc()
         query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
         await self._run(self._subscribe, {"view": query.pop("view", "slots"), "filters": query})
 
     async def disconnect(self, code: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
         if self.joined:
             self.joined = False
             WEBSOCKET_CLIENTS.dec()
-            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+            try:
+                await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+            except Exception as exc:  # the membership expires on its own in Redis
+                log.info("live: leaving the group failed: %s", exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        await self._run(self._dispatch, text_data, bytes_data)
+        if await self._still_allowed():
+            await self._run(self._dispatch, text_data, bytes_data)
+
+    async def _still_allowed(self) -> bool:
+        if self.shut:
+            return False
+        if self.scope.get("session") is None:
+            # Mounted without the session middleware (unit tests of the consumer alone).
+            return True
+        code, self.release = await database_sync_to_async(recheck)(self.session_key)
+        if code is None:
+            return True
+        if self.shut:  # the timer and a frame both found out: close once
+            return False
+        self.shut = True
+        why = "signed out" if code == CLOSE_SIGNED_OUT else "your dashboard role was removed"
+        log.info("live: closing a websocket: %s", why)
+        await self.send_json({"type": "error", "error": why, "close_code": code})
+        await self.close(code=code, reason=why)
+        await self.disconnect(code)
+        return False
+
+    async def _recheck_periodically(self) -> None:
+        every = settings.AKRI["WS_RECHECK_SECONDS"]
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                await asyncio.sleep(every)
+                try:
+                    if not await self._still_allowed():
+                        return
+                except DatabaseError as exc:
+                    # An outage is not a sign-out: keep the socket, ask again next time.
+                    log.warning("live: cannot re-check a websocket's session now: %s", exc)
 
     async def _run(self, handler: Any, *args: Any) -> None:
         try:
@@ -132,6 +218,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             content = json.loads(text_data)
         except ValueError:
             raise BadFrame("frame is not JSON") from None
+        except RecursionError:
+            # A small frame can still nest thousands deep; the parser gives up on the stack.
+            raise BadFrame("frame is nested too deep") from None
         if not isinstance(content, dict) or not isinstance(content.get("type"), str):
             raise BadFrame('a frame is a JSON object with a "type"')
         kind = content["type"]

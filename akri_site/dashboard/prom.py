@@ -6,13 +6,16 @@ makes another process's metrics endpoint query the database.
 
 from __future__ import annotations
 
+import hmac
+import os
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -95,9 +98,35 @@ CACHE_REGISTRY.register(CacheCollector())
 CACHE_REGISTRY.register(BrokerCollector())  # akri_broker_pod_count (agent.brokers)
 
 
+def authorized(request: HttpRequest) -> bool:
+    """With ``METRICS_TOKEN`` set, the scraper must send it as a bearer token."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
+
+
+def _process_registry() -> CollectorRegistry:
+    """This process's series, or every web worker's summed when runweb runs several."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
 @require_GET
 @never_cache
 def metrics(request: HttpRequest) -> HttpResponse:
+    if not authorized(request):
+        response = HttpResponse(
+            "a bearer token is required\n", status=401, content_type="text/plain"
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     # The classic text format (0.0.4): every Prometheus version scrapes it.
-    body = generate_latest(REGISTRY) + generate_latest(CACHE_REGISTRY)
+    body = generate_latest(_process_registry()) + generate_latest(CACHE_REGISTRY)
     return HttpResponse(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from akri_site.dashboard import views
+from akri_site.dashboard import scheduling, views
 
 app_name = "dashboard"
 
@@ -17,4 +17,5 @@ urlpatterns = [
     path("reconciliation/", views.runs, name="runs"),
     path("reconciliation/<int:pk>/", views.run_detail, name="run"),
     path("audit/", views.audit, name="audit"),
+    path("scheduling/", scheduling.pending, name="scheduling"),
 ]

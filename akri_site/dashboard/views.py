@@ -28,6 +28,7 @@ from agent.models import (
     SlotEvent,
     SlotPodBinding,
 )
+from agent.scheduling.queries import node_context
 from akri_site.dashboard import fragments, queries, slotmap
 from akri_site.dashboard.access import can_release, role_of, viewer_required
 from akri_site.dashboard.forms import AuditFilterForm, RunFilterForm, SlotFilterForm, known_nodes
@@ -234,6 +235,7 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
         rows=queries.runs(ReconcileRun.objects.filter(node=name).order_by("-started_at")[:10]),
         live_view="slots",
         live_query=_live_query("slots", filters),
+        **node_context(name),  # sharing policies and extender verdicts (issue 14)
     )
 
 

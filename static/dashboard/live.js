@@ -353,6 +353,12 @@
       ws = null;
       clearTimeout(pingTimer);
       if (lostAt === null) lostAt = Date.now();
+      if (event.code === 4401 || event.code === 4403) {
+        // Signed out or role removed: a new socket would be refused; the page must reload.
+        stopped = true;
+        setMark("stale", "Not live: " + (event.reason || "signed out") + " (reload the page)");
+        return;
+      }
       if (event.code === 4400) {
         // The server refused what this page sent; retrying would be refused the same way.
         stopped = true;

@@ -2,27 +2,44 @@
 
 API-server simulator, three nodes each with an agent and a kubelet simulator, a shared debugEcho
 Configuration (capacity 2) and a Configuration-level one, a workload generator, the controller,
-cluster reconciliation on a timer, and the dashboard under Daphne. Prints the URL and a login.
+cluster reconciliation on a timer, and the dashboard under Daphne. Prints the URL and a login
+once the dashboard listens; the console stays quiet (see ``agent.demo_support``).
 """
 
 from __future__ import annotations
 
-import secrets
+import argparse
+import logging
+import os
+import sys
 import threading
 
 from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from agent.brokers.specs import with_brokers
+from agent.demo_support import (
+    ACTIVITY_INTERVAL,
+    demo_password,
+    forget_previous_cluster,
+    free_port_near,
+    port_problem,
+    quiet_console,
+    report_activity,
+    wait_until_listening,
+)
 from agent.simulator.cluster import SimulatedCluster, WorkloadGenerator, debug_echo_configuration
+
+MAX_NODES = 10  # the simulator names nodes node-a .. node-j
 
 
 def ensure_user(
     username: str, password: str, *, group: str | None = None, superuser: bool = False
 ) -> None:
     user, _ = User.objects.get_or_create(username=username)
-    user.set_password(password)
+    if not user.check_password(password):
+        user.set_password(password)
     user.is_staff = True
     user.is_superuser = superuser
     user.save()
@@ -32,26 +49,104 @@ def ensure_user(
 
 class Command(BaseCommand):
     help = (
-        "Run a simulated cluster with agents, controller, workload and the dashboard in one process"
+        "Run akri-site on a simulated cluster in one process: an API-server simulator, NODES "
+        "nodes each with an agent and a kubelet simulator, a workload generator, the controller "
+        "and the dashboard. Prints the dashboard URL and a login once the dashboard listens."
     )
+    # Django's own options (--settings, --verbosity, ...) mean nothing to a demo user.
+    suppressed_base_arguments = {
+        "--version",
+        "--verbosity",
+        "--settings",
+        "--pythonpath",
+        "--traceback",
+        "--no-color",
+        "--force-color",
+        "--skip-checks",
+    }
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--nodes", type=int, default=3)
-        parser.add_argument("--pace", type=float, default=1.5, help="seconds between new pods")
         parser.add_argument(
-            "--password", default=None, help="password of the demo users (default: random)"
+            "--host",
+            default="127.0.0.1",
+            help="address the dashboard listens on (default 127.0.0.1; 0.0.0.0 for every "
+            "interface)",
+        )
+        parser.add_argument(
+            "--port",
+            type=_bounded(int, 1, 65535),
+            default=8000,
+            help="port of the dashboard (default 8000); pick another when 8000 is taken",
+        )
+        parser.add_argument(
+            "--nodes",
+            type=_bounded(int, 1, MAX_NODES),
+            default=3,
+            help=f"simulated nodes, each with an agent and a kubelet (default 3, at most "
+            f"{MAX_NODES})",
+        )
+        parser.add_argument(
+            "--pace",
+            type=_bounded(float, 0.05, 3600),
+            default=1.5,
+            help="seconds between the workload generator's new pods (default 1.5; larger is "
+            "calmer)",
+        )
+        parser.add_argument(
+            "--password",
+            default=None,
+            help="password of the demo users admin, operator and viewer; remembered for the "
+            "next runs (default: the remembered one, else a new random one)",
+        )
+        parser.add_argument(
+            "--reset-password",
+            action="store_true",
+            help="forget the remembered password and make a new random one",
+        )
+        parser.add_argument(
+            "--verbose",
+            action="store_true",
+            help="the full log on the console (default: warnings and an activity line every "
+            f"{ACTIVITY_INTERVAL:g}s; LOG_LEVEL=INFO does the same)",
         )
 
     def handle(self, *args, **options):
-        password = options["password"] or secrets.token_urlsafe(9)
+        host, port = options["host"], options["port"]
+        self._check_port(host, port)  # before anything is printed or started
+        quiet = quiet_console(options["verbose"])
+        forget_previous_cluster()
+        password = self._demo_users(options["password"], options["reset_password"])
+        cluster = self._start_cluster(options["nodes"])
+        # The web process writes manual releases to the same (simulated) API server.
+        settings.AKRI["KUBECONFIG"] = cluster.kubeconfig
+        workload = WorkloadGenerator(cluster, interval=options["pace"]).start()
+        stop = threading.Event()
+        listening = threading.Event()
+        threading.Thread(target=self._cluster_reconcile, args=(stop,), daemon=True).start()
+        announce = (host, port, cluster, password, quiet, stop, listening)
+        threading.Thread(target=self._announce, args=announce, daemon=True).start()
+        try:
+            self._serve(host, port)
+        finally:
+            stop.set()
+            if quiet:  # the cluster's shutdown chatter is ours, not news
+                logging.getLogger().setLevel(logging.ERROR)
+            workload.stop()
+            cluster.stop()
+        if not listening.is_set():
+            raise CommandError(f"the dashboard never listened on {host}:{port}; see the log above")
+
+    def _demo_users(self, given: str | None, reset: bool) -> str:
+        """admin, operator and viewer with the demo's one password (kept in var/)."""
+        password = demo_password(settings.VAR_DIR, given=given, reset=reset)
         ensure_user("admin", password, superuser=True)
         ensure_user("operator", password, group="operator")
         ensure_user("viewer", password, group="viewer")
+        return password
 
-        cluster = SimulatedCluster(
-            nodes=options["nodes"],
+    def _start_cluster(self, nodes: int) -> SimulatedCluster:
+        return SimulatedCluster(
+            nodes=nodes,
             configurations=[
                 # debugEcho brokers, one per Instance and node, as Akri's chart deploys them.
                 with_brokers(
@@ -64,38 +159,53 @@ class Command(BaseCommand):
                 ),
             ],
         ).start()
-        # The web process writes manual releases to the same (simulated) API server.
-        settings.AKRI["KUBECONFIG"] = cluster.kubeconfig
-        workload = WorkloadGenerator(cluster, interval=options["pace"]).start()
-        stop = threading.Event()
-        threading.Thread(target=self._cluster_reconcile, args=(stop,), daemon=True).start()
 
-        url = f"http://{options['host']}:{options['port']}/"
-        self.stdout.write(
-            f"\nakri-site demo: {options['nodes']} simulated nodes, API server {cluster.apiserver.url}\n"
-            f"  dashboard  {url}\n"
-            f"  login      admin / {password}   (also operator, viewer with the same password)\n"
-            f"  kubeconfig {cluster.kubeconfig}\n"
-            "Ctrl-C to stop.\n"
+    def _check_port(self, host: str, port: int) -> None:
+        problem = port_problem(host, port)
+        if problem is None:
+            return
+        other = free_port_near(host, port)
+        hint = f"scripts/demo --port {other}" if other else "scripts/demo --port PORT"
+        self.stderr.write(
+            f"demo: {problem}.\nStop that process, or pick another port with --port, e.g. {hint}"
         )
-        try:
-            self._serve(options["host"], options["port"])
-        finally:
-            stop.set()
-            workload.stop()
-            cluster.stop()
+        sys.exit(2)
+
+    def _announce(self, host, port, cluster, password, quiet, stop, listening) -> None:
+        """The banner, last: once the dashboard accepts connections. Then the activity line."""
+        if not wait_until_listening(host, port, stop):
+            return
+        listening.set()
+        self.stdout.write(self._banner(host, port, cluster, password, quiet))
+        if quiet:
+            report_activity(self.stdout.write, stop)
+
+    def _banner(self, host: str, port: int, cluster, password: str, quiet: bool) -> str:
+        shown = {"0.0.0.0": "localhost", "::": "localhost", "": "localhost"}.get(host, host)
+        url = f"http://{shown}:{port}/"
+        console = (
+            f"Console: warnings, and an activity line every {ACTIVITY_INTERVAL:g}s "
+            "(--verbose for the full log)."
+            if quiet
+            else "Console: the full log."
+        )
+        return (
+            f"\nakri-site demo: {len(cluster.sim_nodes)} simulated nodes, "
+            f"API server {cluster.apiserver.url}\n"
+            f"  dashboard   {url}\n"
+            f"  sign in     admin / {password}   (operator and viewer: the same password)\n"
+            f"  admin       {url}admin/\n"
+            f"  kubeconfig  {cluster.kubeconfig}\n"
+            f"The password stays the same on every run (--reset-password for a new one).\n"
+            f"{console} Ctrl-C stops.\n"
+        )
 
     def _serve(self, host: str, port: int) -> None:
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
+        from akri_site.webserve import serve_demo
 
-        from akri_site.asgi import application
-
-        Server(
-            application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
-            signal_handlers=True,
-        ).run()
+        # Web workers are separate processes: they reach the simulated API server this way.
+        os.environ["KUBECONFIG"] = settings.AKRI["KUBECONFIG"]
+        serve_demo(host, port)
 
     def _cluster_reconcile(self, stop: threading.Event) -> None:
         """Celery beat's job when there is no broker: the cluster-wide pass on a timer."""
@@ -112,3 +222,18 @@ class Command(BaseCommand):
             from agent.brokers.dispatch import Dispatcher
 
             Dispatcher().level(settings.AKRI["NAMESPACE"])
+
+
+def _bounded(kind, low, high):
+    """An argparse type: ``kind`` within [low, high], with a plain message otherwise."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not between {low} and {high}")
+        return value
+
+    return parse

@@ -45,6 +45,13 @@ class Command(BaseCommand):
             help="seconds a shared device may go unseen before this node leaves its Instance",
         )
         parser.add_argument(
+            "--discovery-reconnect",
+            type=float,
+            default=conf["DISCOVERY_RECONNECT_SECONDS"],
+            help="seconds a failed external discovery handler endpoint is re-dialled before it "
+            "is dropped until it registers again (0: at once, as Akri)",
+        )
+        parser.add_argument(
             "--debug-echo-availability",
             default=DEFAULT_AVAILABILITY_PATH,
             help="debugEcho's availability file (OFFLINE in it = no devices)",
@@ -69,6 +76,7 @@ class Command(BaseCommand):
             options["registration_socket"],
             handlers=default_handlers(options["debug_echo_availability"]),
             offline_grace=options["offline_grace"],
+            discovery_reconnect=options["discovery_reconnect"],
             reconcile=not options["no_reconcile"],
         )
         os.makedirs(options["device_plugin_dir"], exist_ok=True)

@@ -1,4 +1,9 @@
-"""Runs the controller: the cluster watched into the cache, live deltas to the dashboard."""
+"""Runs the controller: the cluster watched into the cache, live deltas to the dashboard.
+
+Replicas elect one leader through the ``akri-site-controller`` Lease (``agent.leader``): only
+the leader runs the watchers; the others wait as candidates and take over within the lease
+(under 12 s with the defaults) when the leader dies, or at once when it shuts down cleanly.
+"""
 
 import signal
 import threading
@@ -8,6 +13,25 @@ from django.core.management.base import BaseCommand
 
 from agent.controller import Controller
 from agent.kube.client import new_api_client
+from agent.leader import CONTROLLER_LEASE, configured_timing
+from agent.leader.election import LeaderElector
+
+
+class Term:
+    """The controller of one leadership term: a fresh one each time this replica leads."""
+
+    def __init__(self, kubeconfig: str | None, namespace: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.controller: Controller | None = None
+
+    def start(self) -> None:
+        self.controller = Controller(new_api_client(self.kubeconfig), self.namespace).start()
+
+    def stop(self) -> None:
+        controller, self.controller = self.controller, None
+        if controller is not None:
+            controller.stop()
 
 
 class Command(BaseCommand):
@@ -18,14 +42,37 @@ class Command(BaseCommand):
             "--kubeconfig", default=None, help="kubeconfig (default: KUBECONFIG or in-cluster)"
         )
         parser.add_argument("--namespace", default=None, help="namespace of Akri's objects")
+        parser.add_argument(
+            "--no-leader-elect",
+            action="store_true",
+            default=not settings.LEADER_ELECTION["ENABLED"],
+            help="run without a Lease (one replica only; AKRI_LEADER_ELECTION=false)",
+        )
 
     def handle(self, *args, **options):
         namespace = options["namespace"] or settings.AKRI["NAMESPACE"]
-        controller = Controller(new_api_client(options["kubeconfig"]), namespace).start()
+        term = Term(options["kubeconfig"], namespace)
         stopping = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.set())
-        self.stdout.write(f"controller watching namespace {namespace}; SIGTERM to stop")
-        stopping.wait()
-        controller.stop()
+        if options["no_leader_elect"]:
+            term.start()
+            self.stdout.write(f"controller watching namespace {namespace}; SIGTERM to stop")
+            stopping.wait()
+            term.stop()
+        else:
+            elector = LeaderElector(
+                new_api_client(options["kubeconfig"]),
+                namespace,
+                CONTROLLER_LEASE,
+                timing=configured_timing(),
+                on_started=term.start,
+                on_stopped=term.stop,
+            ).start()
+            self.stdout.write(
+                f"controller {elector.identity}: candidate for Lease {namespace}/"
+                f"{CONTROLLER_LEASE}; watching namespace {namespace} while leading"
+            )
+            stopping.wait()
+            elector.stop()  # releases the Lease and stops the watchers when leading
         self.stdout.write("controller stopped")

@@ -1,0 +1,320 @@
+"""The ``failover`` benchmark, and the candidate process it (and the tests) run.
+
+Two candidate processes campaign for one Lease through ``agent.leader.election``. While it
+leads, a candidate writes a ConfigMap (``failover-work``) every 100 ms, naming itself in the
+data and as ``fieldManager``, and only after ``is_leading()`` said yes: the pattern the
+controller and beat follow. The API server's order of those writes (a watch on the ConfigMap,
+and on the simulator its ``request_log``) is the write log the figures come from:
+
+- ``p95_s``: from SIGKILL of the leader to the first write of the other candidate accepted;
+- ``dual_leader_writes``: writes by a candidate after another one has written, counted over
+  kill rounds and freeze rounds (SIGSTOP the leader until the other takes over, then SIGCONT:
+  the woken one must not write). A candidate that was superseded is replaced, so an identity
+  never writes legitimately after another one.
+
+Run a candidate alone: ``python -m agent.bench.failover --kubeconfig K --namespace N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from agent.bench import percentile
+from agent.domain.lease import Timing
+
+LEASE = "failover-bench"
+WORK = "failover-work"
+WRITE_INTERVAL = 0.1
+READY = "campaigning"
+ROOT = Path(__file__).resolve().parents[2]
+
+# --- the candidate process ------------------------------------------------------------------
+
+
+def run_candidate(kubeconfig: str, namespace: str, identity: str, timing: Timing) -> None:
+    from agent.leader.election import LeaderElector
+
+    api_client = config.new_client_from_config(config_file=kubeconfig)
+    core = client.CoreV1Api(api_client)
+    elector = LeaderElector(api_client, namespace, LEASE, identity=identity, timing=timing)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    client.CoordinationV1Api(api_client).list_namespaced_lease(namespace, limit=1)
+    print(READY, flush=True)  # imports done and the server reached: campaigning from now on
+    elector.start()
+    seq = 0
+    while not stopping.wait(WRITE_INTERVAL):
+        if not elector.is_leading():
+            continue
+        seq += 1
+        body = {"data": {"writer": identity, "seq": str(seq)}}
+        with contextlib.suppress(Exception):  # the next tick writes again
+            core.patch_namespaced_config_map(
+                WORK, namespace, body, field_manager=identity, _request_timeout=2.0
+            )
+    elector.stop()
+
+
+def candidate_command(kubeconfig: str, namespace: str, identity: str, timing: Timing) -> list[str]:
+    spec = f"{timing.lease_duration},{timing.renew_deadline},{timing.retry_period}"
+    return [
+        sys.executable, "-m", "agent.bench.failover",
+        "--kubeconfig", kubeconfig, "--namespace", namespace,
+        "--identity", identity, "--timing", spec,
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="one failover candidate (see module docstring)")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--identity", default=f"candidate-{uuid.uuid4().hex[:6]}")
+    parser.add_argument("--timing", default="8,5,1.5", help="lease,renew-deadline,retry seconds")
+    args = parser.parse_args(argv)
+    lease, renew, retry = (float(part) for part in args.timing.split(","))
+    logging.basicConfig(
+        level=logging.DEBUG if os.environ.get("AKRI_FAILOVER_DEBUG") else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
+    run_candidate(args.kubeconfig, args.namespace, args.identity, Timing(lease, renew, retry))
+
+
+# --- watching the writes --------------------------------------------------------------------
+
+
+@dataclass
+class WriteLog:
+    """Every accepted write of the work ConfigMap, in the API server's order (a watch)."""
+
+    api_client: client.ApiClient
+    namespace: str
+    writes: list[tuple[float, str]] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> WriteLog:
+        threading.Thread(target=self._run, daemon=True, name="failover-writes").start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        core = client.CoreV1Api(self.api_client)
+        rv = core.read_namespaced_config_map(WORK, self.namespace).metadata.resource_version
+        while not self._stop.is_set():
+            try:
+                rv = self._follow(core, rv)
+            except Exception:
+                if self._stop.is_set():
+                    return  # the server went away at the end of the run
+                raise
+
+    def _follow(self, core: client.CoreV1Api, rv: str) -> str:
+        stream = watch.Watch().stream(
+            core.list_namespaced_config_map,
+            self.namespace,
+            field_selector=f"metadata.name={WORK}",
+            resource_version=rv,
+            timeout_seconds=5,
+        )
+        for event in stream:
+            obj = event["object"]
+            rv = obj.metadata.resource_version
+            writer = (obj.data or {}).get("writer")
+            if event["type"] == "MODIFIED" and writer:
+                with self.cond:
+                    self.writes.append((time.monotonic(), writer))
+                    self.cond.notify_all()
+        return rv
+
+    def first_write_by_other(
+        self, than: set[str], after: float, timeout: float
+    ) -> tuple[float, str]:
+        """(time, writer) of the first write after ``after`` by someone not in ``than``."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for at, writer in self.writes:
+                    if at >= after and writer not in than:
+                        return at, writer
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no write by a new leader within {timeout:g} s")
+                self.cond.wait(left)
+
+    def writers(self) -> list[str]:
+        with self.cond:
+            return [writer for _, writer in self.writes]
+
+
+def late_writes(writers: list[str]) -> int:
+    """Writes by an identity after another identity has written since its own last write:
+    with superseded candidates replaced, each one is a write by a deposed leader."""
+    done: set[str] = set()
+    late = 0
+    previous = None
+    for writer in writers:
+        if writer != previous and previous is not None:
+            done.add(previous)
+        if writer in done:
+            late += 1
+        previous = writer
+    return late
+
+
+def request_log_writers(sim: Any, namespace: str) -> list[str]:
+    """The simulator's own log of write requests to the work ConfigMap, in arrival order."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps/{WORK}"
+    return [
+        r.query.get("fieldManager", "?")
+        for r in list(sim.request_log)
+        if r.method in ("PATCH", "PUT") and r.path == path
+    ]
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
+class Candidates:
+    """The running candidate processes, by identity."""
+
+    def __init__(self, kubeconfig: str, namespace: str, timing: Timing, logdir: str) -> None:
+        self.kubeconfig, self.namespace, self.timing, self.logdir = (
+            kubeconfig, namespace, timing, logdir,
+        )  # fmt: skip
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.count = 0
+
+    def spawn(self) -> str:
+        self.count += 1
+        identity = f"candidate-{self.count}"
+        cmd = candidate_command(self.kubeconfig, self.namespace, identity, self.timing)
+        with open(self._log(identity), "w") as log_file:
+            self.procs[identity] = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT
+            )
+        return identity
+
+    def spawn_standby(self, timeout: float = 60.0) -> str:
+        """A new candidate, once it is a standby as in a running deployment: started (Python
+        takes seconds to start on a loaded machine) and watching the Lease for a whole lease
+        (a newcomer must see the Lease unchanged that long before it may take it)."""
+        identity = self.spawn()
+        deadline = time.monotonic() + timeout
+        while READY not in Path(self._log(identity)).read_text():
+            if time.monotonic() > deadline or self.procs[identity].poll() is not None:
+                raise RuntimeError(
+                    f"{identity} did not start: {Path(self._log(identity)).read_text()}"
+                )
+            time.sleep(0.05)
+        time.sleep(self.timing.lease_duration)  # the standby's warm-up, a fixed window
+        return identity
+
+    def _log(self, identity: str) -> str:
+        return os.path.join(self.logdir, f"{identity}.log")
+
+    def signal(self, identity: str, sig: int) -> None:
+        self.procs[identity].send_signal(sig)
+
+    def kill(self, identity: str) -> None:
+        proc = self.procs.pop(identity)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+
+    def close(self) -> None:
+        for identity in list(self.procs):
+            self.kill(identity)
+
+
+def kill_round(cands: Candidates, log: WriteLog, timeout: float) -> float:
+    """SIGKILL the leader; seconds until the other's first write is accepted."""
+    leader = log.writers()[-1]
+    killed_at = time.monotonic()
+    cands.kill(leader)
+    at, _ = log.first_write_by_other({leader}, killed_at, timeout)
+    cands.spawn_standby()
+    return at - killed_at
+
+
+def freeze_round(cands: Candidates, log: WriteLog, timeout: float, settle: float) -> float:
+    """SIGSTOP the leader until the other writes, SIGCONT it, give it ``settle`` seconds to
+    misbehave, then replace it. Returns the takeover time."""
+    leader = log.writers()[-1]
+    frozen_at = time.monotonic()
+    cands.signal(leader, signal.SIGSTOP)
+    at, _ = log.first_write_by_other({leader}, frozen_at, timeout)
+    cands.signal(leader, signal.SIGCONT)
+    time.sleep(settle)  # a fixed window to observe a deposed leader writing, not a wait
+    cands.kill(leader)
+    cands.spawn_standby()
+    return at - frozen_at
+
+
+def bench_failover(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    from agent.simulator.apiserver import ApiServerSimulator
+
+    timing = Timing(3.0, 2.0, 0.5) if quick else Timing()
+    kills, freezes = (1, 1) if quick else (8, 2)
+    timeout = timing.worst_failover + 15
+    sim = ApiServerSimulator().start()
+    namespace = "failover-bench"
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = str(sim.write_kubeconfig(Path(tmp) / "kubeconfig"))
+        api_client = sim.api_client()
+        core = client.CoreV1Api(api_client)
+        core.create_namespace({"metadata": {"name": namespace}})
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": WORK}})
+        log = WriteLog(api_client, namespace).start()
+        cands = Candidates(kubeconfig, namespace, timing, tmp)
+        takeovers: list[float] = []
+        try:
+            cands.spawn_standby()
+            cands.spawn_standby()
+            log.first_write_by_other(set(), 0.0, timeout)
+            for i in range(kills):
+                takeovers.append(kill_round(cands, log, timeout))
+                _say(stdout, f"kill {i + 1}: takeover after {takeovers[-1]:.2f} s")
+            for i in range(freezes):
+                took = freeze_round(cands, log, timeout, settle=timing.retry_period * 3)
+                _say(stdout, f"freeze {i + 1}: takeover after {took:.2f} s")
+        finally:
+            cands.close()
+            log.stop()
+            dual = max(late_writes(log.writers()), late_writes(request_log_writers(sim, namespace)))
+            api_client.close()
+            sim.stop()
+    return {
+        "p50_s": percentile(takeovers, 50),
+        "p95_s": percentile(takeovers, 95),
+        "dual_leader_writes": dual,
+        "lease_s": timing.lease_duration,
+        "renew_deadline_s": timing.renew_deadline,
+        "retry_s": timing.retry_period,
+    }
+
+
+def _say(stdout: Any, line: str) -> None:
+    if stdout is not None:
+        stdout.write(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""Loaded by pytest before Django's settings (``-p akri_site.pytest_env`` in pyproject.toml; importable wherever the project is installed).
+
+The suite runs on PostgreSQL and Redis too, which alone would mean production: its secret and
+HTTPS rules. Tests that mean production (tests/test_hardening_settings.py) start it in
+subprocesses with an environment of their own.
+"""
+
+import os
+
+os.environ.setdefault("AKRI_ENV", "development")

@@ -1,0 +1,123 @@
+"""No sequence of add/sub/allocate/release leaves a node's books wrong (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.sharing.akri_slots import ASSIGNMENT, parse_assignment
+from agent.sharing.gpu_cards import GPU_INDEX
+from agent.sharing.policy import Code, PolicyError
+from tests.sharing_world import configs, gpu_node, instance, pod, policies
+
+CONFIGS = configs(("cam", 2, True), ("gpu", 3, False))
+INSTANCES = [
+    instance("cam-00000a", ("n1",), 2, {0: "n2"}, "cam"),
+    instance("cam-00000b", ("n1",), 2, None, "cam"),
+    instance("cam-00000c", ("n1",), 2, None, "cam"),
+    instance("gpu-00000a", ("n1",), 3, {2: "n1"}, "gpu"),
+    instance("gpu-00000b", ("n1",), 3, None, "gpu"),
+]
+FREE_IN_USAGE = {s.name: set(s.free_slots()) for s in INSTANCES}
+RESOURCES = ["akri.sh/cam", "akri.sh/gpu", "akri.sh/cam-00000b", "akri.sh/gpu-00000a"]
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["allocate", "release", "add", "sub"]),
+        st.integers(0, 5),  # which pod
+        st.sampled_from(RESOURCES),
+        st.integers(1, 4),
+    ),
+    max_size=40,
+)
+
+
+def check_akri_books(found: dict) -> None:
+    book = found["akri-configuration"].slots
+    book.check()
+    for uid, by_resource in book.assumed.items():
+        for resource, keys in by_resource.items():
+            for key in keys:
+                owner = key.rpartition("-")[0]
+                assert key in FREE_IN_USAGE[owner], f"{uid} assumed {key}, busy in deviceUsage"
+            if resource == "akri.sh/cam":
+                owners = [k.rpartition("-")[0] for k in keys]
+                assert len(set(owners)) == len(owners), "unique devices share an Instance"
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_akri_books_stay_consistent(sequence):
+    found = policies("n1", INSTANCES, CONFIGS, names=["akri-instance", "akri-configuration"])
+    pods: dict[int, dict] = {}
+    for op, which, resource, count in sequence:
+        subject = pods.setdefault(which, pod({resource: count}, node="n1"))
+        asked = next(iter(subject["spec"]["containers"][0]["resources"]["limits"]))
+        owner = found["akri-configuration" if "-" not in asked else "akri-instance"]
+        if op == "allocate":
+            try:
+                annotations = owner.allocate(subject)
+            except PolicyError:
+                assert owner.filter_node(subject)[0] is not Code.SUCCESS
+            else:
+                meta = subject["metadata"]
+                meta["annotations"] = {**meta.get("annotations", {}), **annotations}
+                assert parse_assignment(meta["annotations"])[0] == "n1"
+        elif op == "release":
+            owner.release(subject)
+        elif op == "add" and ASSIGNMENT in subject["metadata"].get("annotations", {}):
+            owner.add_resource(subject)
+        elif op == "sub":
+            owner.sub_resource(subject)
+        check_akri_books(found)
+    for subject in pods.values():
+        found["akri-instance"].release(subject)
+        found["akri-configuration"].release(subject)
+    book = found["akri-configuration"].slots
+    assert book.assumed == {} and book._taken == {}
+    for state in INSTANCES:
+        assert set(book.free(state.name)) == FREE_IN_USAGE[state.name]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["allocate", "release", "add", "sub"]),
+            st.integers(0, 5),
+            st.sampled_from(["volcano.sh/gpu-memory", "volcano.sh/gpu-number"]),
+            st.integers(1, 9000),
+        ),
+        max_size=40,
+    )
+)
+def test_gpu_cards_never_overbook_and_come_back_idle(sequence):
+    found = policies("n1", node_obj=gpu_node("n1", 3, 8000), names=["gpushare", "gpu-number"])
+    cards = found["gpushare"].gpus
+    pods: dict[int, dict] = {}
+    for op, which, resource, amount in sequence:
+        amount = amount if resource.endswith("memory") else 1 + amount % 3
+        subject = pods.setdefault(which, pod({resource: amount}, node="n1"))
+        owner = found["gpushare" if "volcano.sh/gpu-memory" in str(subject) else "gpu-number"]
+        if op == "allocate" and not any(
+            subject["metadata"]["uid"] in p for p in cards.cards.values()
+        ):
+            try:
+                annotations = owner.allocate(subject)
+            except PolicyError:
+                assert owner.filter_node(subject)[0] is not Code.SUCCESS
+            else:
+                subject["metadata"]["annotations"] = annotations
+        elif op == "release":
+            owner.release(subject)
+        elif op == "add" and GPU_INDEX in subject["metadata"].get("annotations", {}):
+            owner.add_resource(subject)
+        elif op == "sub":
+            owner.sub_resource(subject)
+        cards.check()
+        for card, users in cards.cards.items():
+            if len(users) > 1:
+                assert sum(users.values()) <= cards.memory_per_card, f"card {card} overbooked"
+    for subject in pods.values():
+        found["gpushare"].release(subject)
+    assert cards.idle_cards() == [0, 1, 2]
