@@ -287,7 +287,7 @@ def test_only_the_leading_beat_sends_and_the_other_sends_once_it_takes_over(kube
         a.tick()
         b.tick()
     assert {who for who, _ in sent} == {"beat-a"}
-    assert {name for _, name in sent} == {"reconcile-cluster", "prune-runs"}
+    assert {name for _, name in sent} == {"reconcile-cluster", "prune-runs", "broker-level-pass"}
     clock.now += TIMING.renew_deadline + 0.01
     sent.clear()
     a.tick()
