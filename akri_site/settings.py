@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "channels",
     "csp",
     "rest_framework",
+    "rest_framework.authtoken",  # per-user tokens for the JSON API (issue 17)
     "django_filters",
     "drf_spectacular",
     "agent",
@@ -255,6 +256,8 @@ AKRI = {
     "NODE_GONE_GRACE_SECONDS": env.number("AKRI_NODE_GONE_GRACE_SECONDS", 60.0, minimum=0),
     # Cache data older than this (no watch progress) is shown as stale.
     "STALE_SECONDS": env.number("AKRI_STALE_SECONDS", 90.0, minimum=1),
+    # The dashboard calls a slot held longer than this "held long" (stuck, issue 17).
+    "STUCK_AFTER_HOURS": env.number("AKRI_STUCK_AFTER_HOURS", 24.0, minimum=0.01),
     # Watch streams end and restart this often, so a quiet cluster still shows progress.
     "WATCH_TIMEOUT_SECONDS": env.integer("AKRI_WATCH_TIMEOUT_SECONDS", 55, minimum=1, maximum=3600),
     # Hours a reconciliation run that changed nothing stays in the history. Runs that released,

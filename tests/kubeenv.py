@@ -7,8 +7,10 @@ Register with `pytest_plugins = ["tests.kubeenv"]` (in tests/conftest.py).
   and afterwards the simulator is reset (objects gone, CRDs kept) and its knobs restored.
 - `AKRI_TEST_KUBECONFIG=<path>`: the same tests run against that server. The CRDs are applied
   once per session (create or replace, then wait until Established); each test's namespace is
-  created before and deleted after the test. Cluster-scoped objects a test creates (Nodes,
-  ResourceSlices, ...) are the test's to clean up there.
+  created before the test and afterwards emptied and removed the way the namespace controller
+  does it (every namespaced object deleted, pods with grace 0, leftover finalizers cleared,
+  then the namespace deleted and finalized), because a bare API server has no controller
+  that would. Cluster-scoped objects a test creates (Nodes, ...) are the test's to clean up.
 
 Fixtures: `kube` (function scope, a `KubeEnv`) and `apiserver` (session scope, the raw simulator
 for simulator-only tests; always a simulator, also when a real server is configured).
@@ -28,6 +30,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.resource import ResourceList
 
 from agent.simulator.apiserver import ApiServerSimulator
 
@@ -45,6 +49,7 @@ class KubeEnv:
         self._session = session
         self._clients: list[Any] = []
         self.namespace = namespace
+        self.namespaces = [namespace]  # every namespace removed after the test
         self.kubeconfig = session.kubeconfig
         self.simulator: ApiServerSimulator | None = session.simulator
         self.real = session.simulator is None
@@ -55,6 +60,13 @@ class KubeEnv:
         api_client = self._session.new_client()
         self._clients.append(api_client)
         return api_client
+
+    def create_namespace(self) -> str:
+        """Another fresh namespace for this test (created now, removed after the test)."""
+        name = _random_namespace()
+        _create_namespace(client.CoreV1Api(self.api_client), name)
+        self.namespaces.append(name)
+        return name
 
     def wait_for(
         self,
@@ -95,6 +107,7 @@ class _KubeSession:
         self.simulator = simulator
         self.kubeconfig = kubeconfig
         self._configuration: client.Configuration | None = None
+        self._namespaced: list[Any] | None = None
         if simulator is None:
             configuration = client.Configuration()
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -105,6 +118,57 @@ class _KubeSession:
         if self.simulator is not None:
             return self.simulator.api_client()
         return client.ApiClient(self._configuration)
+
+    def remove_namespace(self, api_client: client.ApiClient, namespace: str) -> None:
+        """What the namespace controller does, for a real server that runs none: delete every
+        object in the namespace, clear finalizers nobody will clear, then the namespace."""
+        dynamic = DynamicClient(api_client)
+        if self._namespaced is None:
+            self._namespaced = [
+                r
+                for r in dynamic.resources.search(preferred=True)
+                if not isinstance(r, ResourceList)
+                and r.namespaced
+                and "/" not in r.name
+                and {"list", "delete"} <= set(r.verbs or ())
+            ]
+        for resource in self._namespaced:
+            _empty(resource, namespace)
+        core = client.CoreV1Api(api_client)
+        try:
+            core.delete_namespace(namespace)
+            core.replace_namespace_finalize(
+                namespace, {"metadata": {"name": namespace}, "spec": {"finalizers": []}}
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _empty(resource: Any, namespace: str) -> None:
+    """Delete every object of one type in `namespace` (pods at once, as their kubelet would)."""
+    options = {"gracePeriodSeconds": 0, "propagationPolicy": "Background"}
+    if "deletecollection" in (resource.verbs or ()):
+        # The dynamic client wants a selector for a collection; this one selects everything.
+        everything = f"metadata.namespace={namespace}"
+        resource.delete(namespace=namespace, body=options, field_selector=everything)
+    for obj in resource.get(namespace=namespace).items:
+        meta = obj.metadata
+        if meta.finalizers:
+            patch = {"metadata": {"finalizers": None}}
+            with contextlib.suppress(client.ApiException):
+                resource.patch(
+                    name=meta.name,
+                    namespace=namespace,
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                )
+        with contextlib.suppress(client.ApiException):
+            resource.delete(name=meta.name, namespace=namespace, body=options)
+
+
+def _create_namespace(core: client.CoreV1Api, name: str) -> None:
+    core.create_namespace({"metadata": {"name": name, "labels": {"akri-site/test": "true"}}})
 
 
 def _random_namespace() -> str:
@@ -194,19 +258,13 @@ def kube(_kube_session: _KubeSession) -> Iterator[KubeEnv]:
     if _kube_session.simulator is not None:
         restore_simulator(_kube_session.simulator)
     env = KubeEnv(_kube_session, _random_namespace())
-    core = client.CoreV1Api(env.api_client)
-    core.create_namespace(
-        {"metadata": {"name": env.namespace, "labels": {"akri-site/test": "true"}}}
-    )
+    _create_namespace(client.CoreV1Api(env.api_client), env.namespace)
     try:
         yield env
     finally:
         if env.real:
-            try:
-                core.delete_namespace(env.namespace)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            for namespace in env.namespaces:
+                _kube_session.remove_namespace(env.api_client, namespace)
         env.close()
         if _kube_session.simulator is not None:
             restore_simulator(_kube_session.simulator)

@@ -82,6 +82,18 @@ def co(api: client.ApiClient) -> client.CustomObjectsApi:
 
 
 @pytest.fixture
+def gadgets(sim: ApiServerSimulator, api: client.ApiClient) -> str:
+    """A CRD without a status subresource that keeps unknown fields."""
+    crd = json.loads(json.dumps(WIDGET_CRD).replace("widget", "gadget").replace("Widget", "Gadget"))
+    del crd["spec"]["versions"][0]["subresources"]
+    try:
+        client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    except ApiException as exc:
+        assert exc.status == 409
+    return "gadgets"
+
+
+@pytest.fixture
 def widgets(sim: ApiServerSimulator, api: client.ApiClient) -> str:
     ext = client.ApiextensionsV1Api(api)
     try:
@@ -92,7 +104,14 @@ def widgets(sim: ApiServerSimulator, api: client.ApiClient) -> str:
 
 
 def instance(name: str, **spec: object) -> dict:
-    body = {"configurationName": "cfg", "capacity": 2, "shared": True, "nodes": [], **spec}
+    body = {
+        "configurationName": "cfg",
+        "cdiName": "akri.sh/cfg=x",
+        "capacity": 2,
+        "shared": True,
+        "nodes": [],
+        **spec,
+    }
     return {
         "apiVersion": "akri.sh/v0",
         "kind": "Instance",
@@ -158,7 +177,7 @@ def test_it_starts_fast_serves_and_stops_with_custom_crds(tmp_path: Path) -> Non
         created = co.create_namespaced_custom_object(
             "sim.test",
             "v1",
-            "a",
+            NS,
             "widgets",
             {"apiVersion": "sim.test/v1", "kind": "Widget", "metadata": {"name": "w"}},  # fmt: skip
         )
@@ -294,19 +313,35 @@ def test_it_sets_pod_phase_pending_and_keeps_node_status_on_create(core) -> None
     assert node.metadata.namespace is None
 
 
-def test_namespaces_need_not_exist_but_can_be_created_and_deleted(core) -> None:
-    core.create_namespaced_config_map("nowhere", {"metadata": {"name": "cm"}, "data": {"a": "1"}})
+def test_objects_need_their_namespace_which_can_be_created_and_deleted(co, core) -> None:
+    cm = {"metadata": {"name": "cm"}, "data": {"a": "1"}}
+    status, body = error_of(core.create_namespaced_config_map, "team-b", cm)
+    assert (status, body["reason"], body["message"]) == (
+        404, "NotFound", 'namespaces "team-b" not found')  # fmt: skip
+    assert body["details"] == {"name": "team-b", "kind": "namespaces"}
+    status, _ = error_of(co.create_namespaced_custom_object, GROUP, VERSION, "team-b",
+                         "instances", instance("i1"))  # fmt: skip
+    assert status == 404
     ns = core.create_namespace({"metadata": {"name": "team-b"}})
     assert ns.status.phase == "Active"
     assert "team-b" in [n.metadata.name for n in core.list_namespace().items]
+    core.create_namespaced_config_map("team-b", cm)
     core.delete_namespace("team-b")
     assert error_of(core.read_namespace, "team-b")[0] == 404
+
+
+def test_the_system_namespaces_exist_from_the_start_and_after_a_reset(sim, core) -> None:
+    expected = {"default", "kube-node-lease", "kube-public", "kube-system"}
+    assert {n.metadata.name for n in core.list_namespace().items} == expected
+    sim.reset()
+    assert {n.metadata.name for n in core.list_namespace().items} == expected
 
 
 # -- list, selectors, pagination -------------------------------------------------------------
 
 
 def test_it_lists_with_kind_list_and_isolates_namespaces(co, core) -> None:
+    core.create_namespace({"metadata": {"name": "other"}})
     create_instance(co, "a")
     co.create_namespaced_custom_object(GROUP, VERSION, "other", "instances", instance("b"))
     listed = co.list_namespaced_custom_object(GROUP, VERSION, NS, "instances")
@@ -501,16 +536,18 @@ def test_json_patch_supports_every_operation(co) -> None:
         {"op": "add", "path": "/spec/nodes/-", "value": "b"},
         {"op": "add", "path": "/spec/nodes/0", "value": "z"},
         {"op": "remove", "path": "/spec/deviceUsage/i1-1"},
-        {"op": "copy", "from": "/spec/configurationName", "path": "/metadata/annotations"},
-        {"op": "move", "from": "/metadata/annotations", "path": "/spec/moved"},
-        {"op": "add", "path": "/spec/a~1b", "value": 1},
+        {"op": "copy", "from": "/spec/configurationName", "path": "/spec/cdiName"},
+        {"op": "move", "from": "/spec/deviceUsage/i1-0", "path": "/spec/deviceUsage/i1-9"},
+        {"op": "add", "path": "/metadata/annotations", "value": {}},
+        {"op": "add", "path": "/metadata/annotations/a~1b", "value": "1"},
     ]
     patched = co.patch_namespaced_custom_object(GROUP, VERSION, NS, "instances", "i1", ops,
                                                 _content_type=JSON_PATCH)  # fmt: skip
     spec = patched["spec"]
-    assert spec["deviceUsage"] == {"i1-0": "n1"}
+    assert spec["deviceUsage"] == {"i1-9": "n1"}
     assert spec["nodes"] == ["z", "a", "b"]
-    assert spec["moved"] == "cfg" and spec["a/b"] == 1
+    assert spec["cdiName"] == "cfg"
+    assert patched["metadata"]["annotations"] == {"a/b": "1"}
 
 
 @pytest.mark.parametrize(
@@ -637,18 +674,31 @@ def test_status_subresource_of_a_crd_that_declares_it(co, widgets) -> None:
     assert spec_change["metadata"]["generation"] == 2 and spec_change["status"] == {"ready": False}
 
 
-def test_status_is_an_ordinary_field_without_the_subresource(co) -> None:
-    created = co.create_namespaced_custom_object(GROUP, VERSION, NS, "instances",
-                                                 dict(instance("i1"), status={"x": 1}))  # fmt: skip
+def test_status_is_an_ordinary_field_without_the_subresource(co, gadgets) -> None:
+    body = {"apiVersion": "sim.test/v1", "kind": "Gadget", "metadata": {"name": "g1"},
+            "status": {"x": 1}}  # fmt: skip
+    created = co.create_namespaced_custom_object("sim.test", "v1", NS, gadgets, body)
     assert created["status"] == {"x": 1}
     status, _ = error_of(
-        co.get_namespaced_custom_object_status, GROUP, VERSION, NS, "instances", "i1"
+        co.get_namespaced_custom_object_status, "sim.test", "v1", NS, gadgets, "g1"
     )
     assert status == 404
     patched = co.patch_namespaced_custom_object(
-        GROUP, VERSION, NS, "instances", "i1", {"status": {"x": 2}}
+        "sim.test", "v1", NS, gadgets, "g1", {"status": {"x": 2}}
     )
+    assert patched["status"] == {"x": 2}
     assert patched["metadata"]["generation"] == 2
+
+
+def test_the_akri_crds_prune_undeclared_fields_such_as_status(co) -> None:
+    created = co.create_namespaced_custom_object(GROUP, VERSION, NS, "instances",
+                                                 dict(instance("i1"), status={"x": 1}))  # fmt: skip
+    assert "status" not in created
+    patched = co.patch_namespaced_custom_object(
+        GROUP, VERSION, NS, "instances", "i1", {"status": {"x": 2}, "spec": {"extra": 1}}
+    )
+    assert "status" not in patched and "extra" not in patched["spec"]
+    assert patched["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
 
 
 def test_built_in_status_subresources(api, core) -> None:
@@ -867,9 +917,11 @@ def test_watch_selectors_filter_and_send_transitions(core) -> None:
     core.patch_namespaced_pod("p2", NS, {"metadata": {"labels": {"app": "x"}}})
     core.delete_namespaced_pod("p2", NS)
     events = collect(
-        core.list_namespaced_pod, NS, label_selector="app=x", resource_version=rv, count=3
+        core.list_namespaced_pod, NS, label_selector="app=x", resource_version=rv, count=4
     )
-    assert names(events) == [("DELETED", "p1"), ("ADDED", "p2"), ("DELETED", "p2")]
+    # A pod's deletion stamps it (MODIFIED) before it goes, as on a real server.
+    assert names(events) == [("DELETED", "p1"), ("ADDED", "p2"), ("MODIFIED", "p2"),
+                             ("DELETED", "p2")]  # fmt: skip
     assert events[0]["raw_object"]["metadata"]["labels"] == {"app": "x"}  # the last matching state
 
 
@@ -877,11 +929,13 @@ def test_deleted_events_carry_the_last_state_with_a_new_resource_version(core) -
     created = core.create_namespaced_pod(NS, pod("p1", labels={"k": "v"}))
     core.delete_namespaced_pod("p1", NS)
     events = collect(
-        core.list_namespaced_pod, NS, resource_version=created.metadata.resource_version, count=1
+        core.list_namespaced_pod, NS, resource_version=created.metadata.resource_version, count=2
     )
-    assert events[0]["type"] == "DELETED"
-    assert events[0]["object"].metadata.labels == {"k": "v"}
-    assert events[0]["object"].metadata.resource_version != created.metadata.resource_version
+    assert [e["type"] for e in events] == ["MODIFIED", "DELETED"]
+    assert events[1]["object"].metadata.labels == {"k": "v"}
+    assert events[1]["object"].metadata.deletion_grace_period_seconds == 0
+    rvs = {e["object"].metadata.resource_version for e in events}
+    assert len(rvs | {created.metadata.resource_version}) == 3
 
 
 def test_concurrent_watchers_and_writers_lose_no_events(sim) -> None:
@@ -910,6 +964,8 @@ def test_concurrent_watchers_and_writers_lose_no_events(sim) -> None:
                     f"ns{slot}", {"metadata": {"name": f"cm-{slot}-{i}"}}
                 )
 
+    for slot in range(writers):
+        sim.ensure_namespace(f"ns{slot}")
     threads = [threading.Thread(target=watcher, args=(i,)) for i in range(watchers)]
     for t in threads:
         t.start()

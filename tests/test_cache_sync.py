@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from django.db import connection, transaction
+from kubernetes import client
 
 from agent.bench.claims import instance_body
 from agent.kube import cache
@@ -73,11 +74,18 @@ def test_it_lists_then_watches_into_the_cache(api, sync, kube):
 
 
 def test_a_malformed_configuration_is_kept_with_a_clear_error(api, sync, kube):
+    """Our CRD refuses a Configuration without a discovery handler name (422), but a cluster
+    that runs Akri's own CRD, which checks less, serves one: it arrives here as that cluster's
+    watch would bring it."""
     sync.start()
     sync.wait_synced()
-    api.create_configuration(
-        configuration_body("broken", discoveryHandler={"discoveryDetails": "x"})
-    )
+    broken = configuration_body("broken", discoveryHandler={"discoveryDetails": "x"})
+    with pytest.raises(client.ApiException) as refused:
+        api.create_configuration(broken)
+    assert refused.value.status == 422
+    broken["metadata"].update(namespace=kube.namespace, uid="u-broken", resourceVersion="1")
+
+    sync.configurations.on_event("ADDED", broken)
 
     kube.wait_for(lambda: Configuration.objects.filter(name="broken").exists())
     row = Configuration.objects.get(name="broken")
@@ -108,7 +116,7 @@ def test_it_resumes_from_the_stored_resource_version(api, kube):
 
 def test_it_relists_when_the_version_is_too_old(api, kube):
     if kube.simulator is None:
-        pytest.skip("forcing 410 Gone needs the simulator's history knob")
+        pytest.skip("needs a fault only the simulator injects: 410 Gone from a one-event history")
     SyncState.objects.create(owner="gone", kind=f"{kube.namespace}/instances", resource_version="1")
     Instance.objects.create(
         namespace=kube.namespace, name="ghost-000000", configuration_name="cams"

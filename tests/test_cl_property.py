@@ -58,6 +58,9 @@ def cluster(kube):
     try:
         started.api.create_configuration(configuration_body(capacity=CAPACITY))
         wait_instances(started, set(INSTANCES))
+        # Tests call the Configuration-level plugin at once: it must have registered.
+        for kubelet in started.kubelets():
+            kubelet.wait_registration(CL, timeout=10)
         yield started
     finally:
         started.stop()

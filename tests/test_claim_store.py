@@ -154,7 +154,7 @@ def test_it_claims_on_an_akri_v013_instance_without_free_keys(api):
 
 def test_transient_errors_are_retried(api, instance, kube):
     if kube.simulator is None:
-        pytest.skip("fault injection needs the simulator")
+        pytest.skip("needs a fault only the simulator injects: 5xx answers to PATCH")
     kube.simulator.inject_fault("PATCH", r"/instances/" + NAME, status=500, times=2)
 
     assert ClaimStore(api, "agent:node-a").claim(NAME, slot_key(NAME, 0), "node-a") == "claimed"
@@ -163,7 +163,7 @@ def test_transient_errors_are_retried(api, instance, kube):
 
 def test_it_gives_up_after_bounded_retries(api, instance, kube):
     if kube.simulator is None:
-        pytest.skip("fault injection needs the simulator")
+        pytest.skip("needs a fault only the simulator injects: 5xx answers to PATCH")
     kube.simulator.inject_fault("PATCH", r"/instances/" + NAME, status=503, times=50)
 
     with pytest.raises(ClaimStoreError):

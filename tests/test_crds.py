@@ -1,14 +1,15 @@
 """The CRDs in deploy/crds: names and columns as Akri's, and the schema accepts what it should.
 
-The schema check uses a tiny validator that covers only the keywords our schemas use, with the
-API server's rules for them (a null value of a nullable field skips every other check).
+The schema is checked as the API server checks it (agent.simulator.apiserver_schema): unknown
+fields pruned, defaults filled in, nulls of non-nullable fields dropped, then validated.
 """
 
-import re
 from pathlib import Path
 
 import pytest
 import yaml
+
+from agent.simulator.apiserver_schema import CrdSchema
 
 CRDS = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 
@@ -32,50 +33,12 @@ def spec_props(crd: dict) -> dict:
     return schema(crd)["properties"]["spec"]["properties"]
 
 
-_TYPES = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "boolean": bool,
-}
-
-
-def _type_ok(kind: str, value: object) -> bool:
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, _TYPES[kind])
-
-
-def errors(s: dict, value: object, path: str = "") -> list[str]:
-    """Validation errors of `value` against schema `s` (empty list = valid)."""
-    if value is None:
-        return [] if s.get("nullable") else [f"{path}: null"]
-    if "type" in s and not _type_ok(s["type"], value):
-        return [f"{path}: not a {s['type']}"]
-    found: list[str] = []
-    if "minimum" in s and value < s["minimum"]:
-        found.append(f"{path}: below {s['minimum']}")
-    if "maximum" in s and value > s["maximum"]:
-        found.append(f"{path}: above {s['maximum']}")
-    if "minLength" in s and len(value) < s["minLength"]:
-        found.append(f"{path}: shorter than {s['minLength']}")
-    if "pattern" in s and not re.search(s["pattern"], value):
-        found.append(f"{path}: does not match {s['pattern']}")
-    if isinstance(value, dict):
-        found += [f"{path}.{k}: required" for k in s.get("required", []) if k not in value]
-        for key, item in value.items():
-            if key in s.get("properties", {}):
-                found += errors(s["properties"][key], item, f"{path}.{key}")
-            elif isinstance(s.get("additionalProperties"), dict):
-                found += errors(s["additionalProperties"], item, f"{path}.{key}")
-    if isinstance(value, list) and "items" in s:
-        for i, item in enumerate(value):
-            found += errors(s["items"], item, f"{path}[{i}]")
-    if "oneOf" in s and sum(not errors(sub, value) for sub in s["oneOf"]) != 1:
-        found.append(f"{path}: must match exactly one of {s['oneOf']}")
-    if "not" in s and not errors(s["not"], value):
-        found.append(f"{path}: must not match {s['not']}")
-    return found
+def errors(s: dict, value: dict) -> list[tuple[str, str]]:
+    """What the API server refuses in `value` under schema `s` (empty list = accepted), after
+    it pruned and defaulted it: the simulator's schema check, which tests/test_apiserver_parity
+    compares with a real server."""
+    crd_schema = CrdSchema(s)
+    return crd_schema.errors(crd_schema.normalize(value))
 
 
 def walk(s: dict, path: str = ""):
@@ -301,6 +264,13 @@ def test_it_accepts_null_optional_configuration_fields():
     assert errors(schema(load("configurations.yaml")), nulls) == []
 
 
+def test_a_null_slot_value_is_dropped_not_refused():
+    s = CrdSchema(schema(load("instances.yaml")))
+    normalized = s.normalize(with_spec(INSTANCE, deviceUsage={"k-0": None, "k-1": ""}))
+    assert normalized["spec"]["deviceUsage"] == {"k-1": ""}
+    assert s.errors(normalized) == []
+
+
 def test_it_accepts_an_akri_instance():
     assert errors(schema(load("instances.yaml")), INSTANCE) == []
 
@@ -316,7 +286,6 @@ def test_it_accepts_an_instance_without_defaulted_fields():
         {"capacity": -1},
         {"capacity": 1025},
         {"deviceUsage": {"k-0": 1}},
-        {"deviceUsage": {"k-0": None}},
         {"nodes": [1]},
         {"shared": "true"},
         {"brokerProperties": {"A": True}},
@@ -338,7 +307,11 @@ def test_it_rejects_an_instance_without_spec():
 
 def test_the_validator_itself_can_fail():
     # Guards the tests above: a validator that accepts everything would make them pass.
-    assert errors({"type": "integer", "minimum": 1}, 0)
-    assert errors({"type": "string", "pattern": "^a$"}, "b")
+    def wrap(sub: dict) -> dict:
+        return {"type": "object", "properties": {"x": sub}}
+
+    assert errors(wrap({"type": "integer", "minimum": 1}), {"x": 0})
+    assert errors(wrap({"type": "string", "pattern": "^a$"}), {"x": "b"})
     assert errors({"type": "object", "required": ["x"]}, {})
-    assert not errors({"type": "object", "nullable": True, "oneOf": [{"required": ["a"]}]}, None)
+    nullable = {"type": "object", "nullable": True, "oneOf": [{"required": ["a"]}]}
+    assert not errors(wrap(nullable), {"x": None})

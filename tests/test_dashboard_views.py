@@ -123,7 +123,9 @@ def test_anonymous_users_are_sent_to_the_login_page(client, cluster, run):
     for url in pages(run):
         response = client.get(url)
         if url.startswith("/api/"):
-            assert response.status_code == 403, url
+            # A 401 naming the token scheme scripts use (issue 17).
+            assert response.status_code == 401, url
+            assert response["WWW-Authenticate"] == "Token", url
         else:
             assert response.status_code == 302, url
             assert response["Location"].startswith("/accounts/login/?next="), url
@@ -167,7 +169,8 @@ def test_slot_map_filters_by_state_node_and_configuration(login, cluster):
 
     foreign = client.get("/slots/?state=foreign").content.decode()
     assert foreign.count("<tr data-instance=") == 1  # only Instance 9 has a foreign value
-    assert 'data-state="foreign" class="slot foreign"' in foreign
+    # A foreign value is also marked stuck (issue 17).
+    assert 'data-state="foreign" class="slot foreign stuck"' in foreign
     assert 'class="slot free dim"' in foreign  # its neighbours shown, faded
 
     held_b = client.get("/slots/?node=node-b&state=held").content.decode()

@@ -177,12 +177,9 @@ def agent_lifecycle(kube, rec: Recorder, monkeypatch) -> None:
         },
     ]
     # Workloads run in namespaces of their own, not in akri-site's.
-    work = f"{kube.namespace}-work"
-    core.create_namespace({"metadata": {"name": work}})
-    try:
-        _agent_lifecycle(kube, rec, monkeypatch, body, work)
-    finally:
-        core.delete_namespace(work)
+    # (Created and emptied by the fixture, so nothing is left Terminating on a real server.)
+    work = kube.create_namespace()
+    _agent_lifecycle(kube, rec, monkeypatch, body, work)
 
 
 def _agent_lifecycle(kube, rec, monkeypatch, body, work) -> None:

@@ -54,8 +54,20 @@ def run_pod(cluster: AgentCluster, node: str, name: str, resource: str = IL) -> 
 
 
 def end_pod(cluster: AgentCluster, node: str, name: str) -> None:
+    """Delete the pod as a user does; as on a cluster, it stays Terminating until the node's
+    kubelet (its PodFinisher) has stopped it and deleted it with grace 0."""
     client.CoreV1Api(cluster.kube.api_client).delete_namespaced_pod(name, cluster.kube.namespace)
-    cluster[node].kubelet.remove_pod(cluster.kube.namespace, name)
+
+
+def wait_gone(cluster: AgentCluster, name: str) -> None:
+    """Until the node's kubelet has finished the pod and the API server has let it go."""
+    core = client.CoreV1Api(cluster.kube.api_client)
+
+    def gone() -> bool:
+        pods = core.list_namespaced_pod(cluster.kube.namespace).items
+        return name not in {p.metadata.name for p in pods}
+
+    cluster.wait_for(gone, message=f"pod {name} gone from the API server")
 
 
 def bound(cluster: AgentCluster, slot: str, pod: str) -> bool:
@@ -115,6 +127,7 @@ def test_a_restarted_agent_frees_what_went_while_it_was_down_and_keeps_the_rest(
     node = cluster["node-a"]
     node.agent.stop()
     end_pod(cluster, "node-a", "gone")
+    wait_gone(cluster, "gone")  # while the agent is down
 
     node.agent = NodeAgent(
         node.name,

@@ -99,6 +99,14 @@ def binding(slot: str = KEY0) -> SlotPodBinding | None:
     return SlotPodBinding.objects.filter(node="node-a", slot=slot).first()
 
 
+def finish_pod(core, kubelet: FakePodResources, namespace: str, pod: str) -> None:
+    """The pod's end as its kubelet brings it about: deleted (Terminating), stopped, then
+    deleted with grace 0, which removes it from the API server."""
+    core.delete_namespaced_pod(pod, namespace)
+    kubelet.drop(namespace, pod)
+    core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+
+
 def causes(slot: str = KEY0) -> list[str]:
     return list(SlotEvent.objects.filter(slot=slot).order_by("id").values_list("cause", flat=True))
 
@@ -128,8 +136,7 @@ def test_it_releases_a_slot_when_its_pod_is_deleted(
         lambda: binding() and binding().pod_name == "web-1", message="the pod named by a learn pass"
     )
 
-    core.delete_namespaced_pod("web-1", kube.namespace)
-    kubelet.drop(kube.namespace, "web-1")
+    finish_pod(core, kubelet, kube.namespace, "web-1")
 
     kube.wait_for(lambda: usage(api, NAME)[KEY0] == "", message="the slot free")
     run = kube.wait_for(
@@ -384,8 +391,7 @@ def test_a_restarted_agent_releases_slots_of_pods_deleted_while_it_was_down(
     kubelet.hold(kube.namespace, "web-1", RESOURCE, KEY0)
     kube.wait_for(lambda: binding() and binding().pod_name == "web-1")
     first.stop()
-    core.delete_namespaced_pod("web-1", kube.namespace)
-    kubelet.drop(kube.namespace, "web-1")
+    finish_pod(core, kubelet, kube.namespace, "web-1")
 
     reconcilers().start()
 

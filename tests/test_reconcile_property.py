@@ -71,13 +71,14 @@ class NodeSim:
 class World:
     def __init__(self, kube: Any) -> None:
         self.kube = kube
-        self.namespace = f"{kube.namespace}-{uuid.uuid4().hex[:6]}"
+        self.namespace = kube.create_namespace()
         self.api = AkriApi(kube.api_client, self.namespace)
         self.clock = FakeClock()
         self.t = 0.0
         self.pods: list[Pod] = []
         self.ended: dict[tuple[str, str], float] = {}  # (node, slot) -> when its last pod went
         core = client.CoreV1Api(kube.api_client)
+        self.created_nodes: list[str] = []
         for name in NODES:
             try:
                 core.create_node(
@@ -86,6 +87,7 @@ class World:
                         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
                     }
                 )
+                self.created_nodes.append(name)
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -123,6 +125,13 @@ class World:
     def close(self) -> None:
         for node in self.nodes.values():
             node.reconciler.stop()
+        core = client.CoreV1Api(self.kube.api_client)
+        for name in self.created_nodes:  # cluster-scoped: no namespace removal takes them
+            try:
+                core.delete_node(name)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     # --- the kubelet's side -----------------------------------------------------------------
     def usage(self) -> dict[str, str]:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.models import Instance, Slot
+from agent.models import Instance, Slot, SlotEvent, SlotPodBinding
 from akri_site.dashboard.sample import make_cluster
-from akri_site.dashboard.slotmap import matching, narrow, serialize
+from akri_site.dashboard.slotmap import StuckRules, matching, narrow, serialize
 
 pytestmark = pytest.mark.django_db
 
@@ -18,19 +20,21 @@ NODES = ("node-a", "node-b", "node-c")
 VALUES = ["", "node-a", "node-b", "node-c", "C:v1:node-a", "C:v2:node-c", "weird"]
 
 
-def python_side(filters: dict[str, str]) -> list[str]:
-    everything = serialize(Instance.objects.all())
+def python_side(filters: dict[str, str], rules: StuckRules | None = None) -> list[str]:
+    everything = serialize(Instance.objects.all(), rules)
     return [i["key"] for i in everything if narrow(i, filters) is not None]
 
 
-def sql_side(filters: dict[str, str]) -> list[str]:
-    return [f"{i.namespace}/{i.name}" for i in matching(filters)]
+def sql_side(filters: dict[str, str], rules: StuckRules | None = None) -> list[str]:
+    return [f"{i.namespace}/{i.name}" for i in matching(filters, rules)]
 
 
 FILTERS = [
     {},
     *({"node": n} for n in (*NODES, "node-z")),
     *({"state": s} for s in ("held", "free", "foreign", "surplus")),
+    *({"state": s} for s in ("stuck", "no-pod", "old", "conflict")),
+    {"node": "node-a", "state": "stuck"},
     {"pod": "work-1"},
     {"pod": "apps/"},
     {"node": "node-b", "state": "free"},
@@ -61,12 +65,20 @@ def test_sql_and_python_agree_on_a_sample_cluster(filters):
     assert sql_side(filters) == python_side(filters)
 
 
-slot_values = st.lists(st.sampled_from(VALUES), min_size=0, max_size=3)
+# A slot: its value, whether its pod is known, how long ago it changed (seconds; around the
+# 20 s grace and the 24 h "held long" age, and exactly on them), and a recent conflict.
+AGES = [0, 5, 19.5, 20, 20.5, 600, 86_399, 86_400, 86_401, 200_000]
+slot_values = st.lists(
+    st.tuples(st.sampled_from(VALUES), st.booleans(), st.sampled_from(AGES), st.booleans()),
+    min_size=0,
+    max_size=3,
+)
 instances = st.lists(
     st.tuples(slot_values, st.sets(st.sampled_from(NODES), max_size=3), st.booleans()),
     min_size=1,
     max_size=6,
 )
+STATES = ("", "held", "free", "foreign", "surplus", "stuck", "no-pod", "old", "conflict")
 
 
 @settings(
@@ -75,12 +87,19 @@ instances = st.lists(
 @given(instances=instances)
 def test_sql_and_python_agree_on_any_cluster(instances):
     Instance.objects.all().delete()
+    SlotEvent.objects.all().delete()
+    SlotPodBinding.objects.all().delete()
+    now = timezone.now()
+    # Only node-a's slot-to-pod map is in this database: its slots alone can be "pod not known".
+    SlotPodBinding.objects.create(
+        node="node-a", slot="elsewhere-0", instance="x", namespace="default", allocated_at=now
+    )
     for n, (values, nodes, surplus) in enumerate(instances):
         row = Instance.objects.create(
             namespace="default", name=f"inst-{n}", configuration_name="cams",
             capacity=len(values), nodes=sorted(nodes),
         )  # fmt: skip
-        for i, value in enumerate(values):
+        for i, (value, pod_known, age, conflict) in enumerate(values):
             level = (
                 Slot.Level.FREE if not value
                 else Slot.Level.CL if value.startswith("C:")
@@ -91,10 +110,16 @@ def test_sql_and_python_agree_on_any_cluster(instances):
             Slot.objects.create(
                 instance=row, key=f"inst-{n}-{i}", index=i, value=value, level=level,
                 holder_node=holder, surplus=surplus and i == 0,
-                pod_namespace="apps" if value else "", pod_name=f"work-{n}" if value else "",
+                pod_namespace="apps" if value and pod_known else "",
+                pod_name=f"work-{n}" if value and pod_known else "",
+                since=now - timedelta(seconds=age) if value else None,
             )  # fmt: skip
-    for node, state, pod in itertools.product(
-        ("", *NODES), ("", "held", "free", "foreign", "surplus"), ("", "work-1")
-    ):
+            if conflict:
+                SlotEvent.objects.create(
+                    at=now, namespace="default", instance=row.name, slot=f"inst-{n}-{i}",
+                    cause=SlotEvent.Cause.CONFLICT, actor="test",
+                )  # fmt: skip
+    rules = StuckRules.at(now)
+    for node, state, pod in itertools.product(("", *NODES), STATES, ("", "work-1")):
         filters = {k: v for k, v in (("node", node), ("state", state), ("pod", pod)) if v}
-        assert sql_side(filters) == python_side(filters), filters
+        assert sql_side(filters, rules) == python_side(filters, rules), filters

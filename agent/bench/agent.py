@@ -45,6 +45,7 @@ from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
 from agent.kube.watch import CacheSync
 from agent.node.agent import NodeAgent
 from agent.simulator.apiserver import ApiServerSimulator
+from agent.simulator.cluster import ensure_namespace
 from agent.simulator.kubelet import KubeletSimulator
 
 CONFIG = "bench-echo"
@@ -128,6 +129,7 @@ def agents(
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     started: list[BenchNode] = []
     with apiserver_process(root) as kubeconfig:
+        ensure_namespace(client.CoreV1Api(new_api_client(kubeconfig)), namespace)
         sync = CacheSync(new_api_client(kubeconfig), namespace, owner=f"bench-{namespace}")
         sync.start()
         sync.wait_synced()
@@ -359,7 +361,6 @@ def _sustained_rounds(rounds: int) -> tuple[_AllocateSamples, Churn]:
     """Allocate ms and floor-plugin Allocate ms, interleaved, back to back (nothing settled
     between calls), with ``Churn`` running; the slot reconciler on, as runagent runs."""
     with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], kubeconfig):
-        client.CoreV1Api(api.api_client).create_namespace({"metadata": {"name": api.namespace}})
         api.create_configuration(configuration(["foo0"], capacity=3))
         name = _instance(api)
         resource, key = f"akri.sh/{name}", f"{name}-0"
@@ -483,6 +484,7 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
     kubelet = KubeletSimulator(os.path.join(root, "dp"), os.path.join(root, "pr.sock"), "node-a")
     try:
         with ApiServerSimulator() as sim:
+            sim.ensure_namespace(namespace)
             kubeconfig = str(sim.write_kubeconfig(os.path.join(root, "kubeconfig")))
             env = dict(
                 os.environ,

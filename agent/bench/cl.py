@@ -27,8 +27,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kubernetes import client
-
 from agent.bench import ensure_migrated, percentile
 from agent.bench.agent import (
     CONFIG,
@@ -156,7 +154,6 @@ def _sustained(rounds: int) -> tuple[list[float], list[float], Churn]:
     back to back under ``Churn``; each CL answer checked, its claims released untimed."""
     descriptions = [f"cam{i}" for i in range(DEVICES)]
     with agents(["node-a"], reconcile=True, kubelet_process=True) as (api, [node], kubeconfig):
-        client.CoreV1Api(api.api_client).create_namespace({"metadata": {"name": api.namespace}})
         api.create_configuration(configuration(descriptions))
         agent, kubelet = node.agent, node.kubelet
         assert isinstance(kubelet, KubeletProcess)

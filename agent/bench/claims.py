@@ -43,6 +43,7 @@ def bench_claims(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     rounds = 100 if quick else 1000
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     with ApiServerSimulator() as sim:
+        sim.ensure_namespace(namespace)
         path = _kubeconfig(sim)
         api = AkriApi(new_api_client(path), namespace)
         # As in the agent: the cache write runs behind the claim, in order with the watch.
@@ -184,7 +185,9 @@ def bench_contention(quick: bool = False, stdout: Any = None) -> dict[str, objec
     with ApiServerSimulator() as sim:
         path = _kubeconfig(sim)
         clients = [new_api_client(path) for _ in range(20)]
-        return run_contention(clients, f"bench-{uuid.uuid4().hex[:6]}", rounds)
+        namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        sim.ensure_namespace(namespace)
+        return run_contention(clients, namespace, rounds)
 
 
 def _kubeconfig(sim: ApiServerSimulator) -> str:

@@ -215,7 +215,6 @@ def bench_schedule_storm(quick: bool = False, stdout: Any = None) -> dict[str, o
                 f"{node.name}: {devices} devices of {resource}",
             )
         core = client.CoreV1Api(new_api_client(kubeconfig))
-        core.create_namespace({"metadata": {"name": api.namespace}})
         service = ExtenderService(
             new_api_client(kubeconfig), namespace=api.namespace, feed_interval=0.1
         )

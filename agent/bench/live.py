@@ -87,6 +87,7 @@ def bench_live(quick: bool = False, stdout: Any = None) -> dict[str, object]:
         "AKRI_NAMESPACE": namespace,
     }
     with ApiServerSimulator() as sim:
+        sim.ensure_namespace(namespace)
         kubeconfig = tempfile.mkstemp(prefix="akri-live-", suffix=".yaml")[1]
         sim.write_kubeconfig(kubeconfig)
         api = AkriApi(new_api_client(kubeconfig), namespace)

@@ -174,6 +174,7 @@ def bench_sweep(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     root = tempfile.mkdtemp(prefix="akb", dir="/tmp")
     socket = os.path.join(root, "pr.sock")
     with ApiServerSimulator() as sim:
+        sim.ensure_namespace(namespace)
         kubeconfig = os.path.join(root, "kubeconfig")
         sim.write_kubeconfig(kubeconfig)
         api_client = new_api_client(kubeconfig)

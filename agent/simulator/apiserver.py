@@ -1,8 +1,9 @@
 """Kubernetes API-server simulator: real HTTP on 127.0.0.1 for the official `kubernetes` client.
 
-A development and test tool. It serves the subset of kube-apiserver behaviour the project relies on
-(see shared/reference/kube-api-semantics.md), so code under test runs its real URL building,
-serialization, `ApiException` parsing and watch streaming:
+A development and test tool. It serves the subset of kube-apiserver behaviour the project relies on,
+so code under test runs its real URL building, serialization, `ApiException` parsing and watch
+streaming. Where a test can tell the difference it behaves like kube-apiserver v1.20 (checked
+against one: `scripts/real-apiserver`, and tests/test_apiserver_parity.py runs on both):
 
 - custom resources from every CRD in `deploy/crds/` (or `crd_dir`), plus CRDs created at run time
   through `POST /apis/apiextensions.k8s.io/v1/customresourcedefinitions` (served immediately);
@@ -12,6 +13,18 @@ serialization, `ApiException` parsing and watch streaming:
   DeviceClasses; `/status` where the real types have it; `pods/binding`;
 - server-owned metadata (uid, opaque resourceVersion from one global counter, creationTimestamp,
   generation, generateName), 201/409/404/422/400/415 with Status bodies shaped like the real ones;
+- custom resources pruned, defaulted and validated against their CRD version's structural schema
+  (`apiserver_schema`), with the real 422 messages and causes; `null`s dropped where the real
+  server drops them (non-nullable fields without a default; merge-patch nulls delete) and, in
+  labels, annotations and ConfigMap/Secret data, stored as "" as Go decodes them;
+- namespaces: objects can only be created in a namespace that exists (404 `namespaces "x" not
+  found`); `default`, `kube-system`, `kube-public` and `kube-node-lease` exist from the start;
+- graceful pod deletion: deleting a pod bound to a node (and not Failed/Succeeded) only stamps it
+  Terminating (`deletionTimestamp`, `deletionGracePeriodSeconds` from the request, the pod's
+  `terminationGracePeriodSeconds` or 30); it stays until deleted again with grace 0, which is
+  what its kubelet does (`agent.simulator.kubelet_pods.PodFinisher` plays that part); a second
+  delete may only shorten the grace; every pod deletion first sends the stamped pod as MODIFIED,
+  then DELETED once it goes;
 - list with label selectors (all syntaxes), field selectors (`metadata.name`, `metadata.namespace`,
   Pod `spec.nodeName`/`status.phase`, ...), `limit`/`continue`, namespace isolation;
 - PUT with optimistic concurrency (409 on a stale rv, 422 for a CR PUT without rv), PATCH by
@@ -22,15 +35,20 @@ serialization, `ApiException` parsing and watch streaming:
   a server-side cap, optional BOOKMARKs, selector transitions sent as ADDED/DELETED;
 - discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`);
 - test hooks: `request_log`, `inject_fault`, `drop_watches`, `set_history_limit`, `set_watch_cap`,
-  `reset`, `get_object`/`list_objects`.
+  `reset`, `ensure_namespace`, `get_object`/`list_objects`.
 
-Documented gaps (acceptable for the project's tests; see kube-api-semantics.md ยง12):
-- no OpenAPI schema validation, defaulting or pruning (Akri's Instance defaults such as `nodes: []`
-  are not filled in); only names, labels, kind/apiVersion and a few real rules are checked;
+Differences that remain:
+- built-in types are not validated or defaulted beyond names, labels, kind/apiVersion and a few
+  real rules (a real Pod gets `terminationGracePeriodSeconds: 30`, `restartPolicy`, `dnsPolicy`,
+  ... filled in; here only what was sent is stored); the schema check of custom resources leaves
+  out what deploy/crds does not use (see `apiserver_schema`), and lists several problems in
+  schema order where the real server's order varies from call to call;
 - no admission, authentication, authorization or RBAC; any request is allowed;
 - no controllers: Jobs create no Pods, pod phases never change on their own, no ownerReference
-  garbage collection, no namespace lifecycle (objects need not have their namespace, deleting a
-  Namespace leaves its objects), Pods are deleted at once (no grace period);
+  garbage collection; Terminating pods wait for a kubelet like on a bare real server;
+- no namespace lifecycle: deleting a Namespace removes it at once (a real server keeps it
+  Terminating until the namespace controller has deleted its objects and finalized it) and
+  leaves its objects; there is no `/finalize`;
 - strategic merge patch is approximated (known merge keys such as containers by `name` and
   conditions by `type`, `finalizers` as a set; other lists are replaced);
 - server-side apply (`application/apply-patch+yaml`) answers 415: no managedFields, no field
@@ -41,7 +59,8 @@ Documented gaps (acceptable for the project's tests; see kube-api-semantics.md ย
 - list `resourceVersion`/`resourceVersionMatch` are ignored (always the latest state); continue
   tokens never expire; pages after the first show the latest state with the first page's rv;
 - resourceVersions are small integers in strings (clients must still treat them as opaque);
-- `generation` is kept for every type (real ConfigMaps and Secrets have none);
+- `generation` is kept for every type (real Pods, ConfigMaps and Secrets have none);
+- `managedFields` are never written, and real responses' key order is not kept;
 - a watch from a resourceVersion newer than the server's is accepted instead of waiting;
 - deleting a CRD removes its objects at once (no cleanup finalizer, no DELETED events).
 
@@ -88,6 +107,7 @@ from agent.simulator.apiserver_select import (
 )
 from agent.simulator.apiserver_store import (
     CRD_KEY,
+    NAMESPACES_KEY,
     ApiError,
     Event,
     ResourceType,
@@ -444,6 +464,12 @@ class ApiServerSimulator:
         self.store.end_watches("clean")
         self.store.reset()
 
+    def ensure_namespace(self, name: str) -> None:
+        """Create namespace `name` unless it exists (objects need their namespace)."""
+        rt = self.store.types[NAMESPACES_KEY]
+        with contextlib.suppress(ApiError):
+            self.store.create(rt, "v1", "", {"metadata": {"name": name}})
+
     def get_object(
         self, group_version_plural: str, namespace: str | None, name: str
     ) -> dict | None:
@@ -626,7 +652,7 @@ class ApiServerSimulator:
                 return 200, _present(self._patch(rt, version, ns, name, None, raw, ctype, dry_run),
                                      rt, version)  # fmt: skip
             if method == "DELETE":
-                return self._delete(rt, version, ns, name, raw, ctype, dry_run)
+                return self._delete(rt, version, ns, name, raw, ctype, query, dry_run)
             raise _not_allowed()
         if sub == "status" and rt.status:
             if method == "GET":
@@ -743,13 +769,15 @@ class ApiServerSimulator:
         name: str,
         raw: bytes,
         ctype: str | None,
+        query: dict[str, str],
         dry_run: bool,
     ) -> tuple[int, dict]:
         options = _object_body(raw, ctype) if raw.strip() else {}
         if not isinstance(options, dict):
             raise bad_request("DeleteOptions must be a JSON object")
         dry_run = dry_run or bool(options.get("dryRun"))
-        obj, deleted = self.store.delete(rt, ns, name, options.get("preconditions"), dry_run)
+        grace = _grace_seconds(query.get("gracePeriodSeconds"), options.get("gracePeriodSeconds"))
+        obj, deleted = self.store.delete(rt, ns, name, options.get("preconditions"), dry_run, grace)
         if deleted and not rt.delete_returns_object:
             return 200, _success(rt, obj)
         return 200, _present(obj, rt, version)
@@ -759,10 +787,11 @@ class ApiServerSimulator:
     ) -> dict:
         labels, fields = self._selectors(rt, query)
         items, _, _, _ = self.store.list(rt, namespace, labels, fields)
+        grace = _grace_seconds(query.get("gracePeriodSeconds"), None)
         for obj in items:
             meta = obj["metadata"]
             with contextlib.suppress(ApiError):
-                self.store.delete(rt, meta.get("namespace", ""), meta["name"], None, dry_run)
+                self.store.delete(rt, meta.get("namespace", ""), meta["name"], None, dry_run, grace)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def _bind(self, rt: ResourceType, ns: str, name: str, body: Any) -> dict:
@@ -1022,6 +1051,17 @@ def _json_body(raw: bytes, what: str = "body") -> Any:
         return json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the {what} of the request could not be decoded as JSON: {exc}") from exc
+
+
+def _grace_seconds(in_query: str | None, in_body: Any) -> int | None:
+    """DeleteOptions.gracePeriodSeconds from the query or the body (the query wins)."""
+    value = in_query if in_query not in (None, "") else in_body
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(f"invalid gracePeriodSeconds {value!r}") from exc
 
 
 def _success(rt: ResourceType, obj: dict) -> dict:

@@ -28,9 +28,10 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agent.simulator.apiserver_schema import CrdSchema
 from agent.simulator.apiserver_select import (
     FieldRequirement,
     Requirement,
@@ -40,6 +41,12 @@ from agent.simulator.apiserver_select import (
 
 CRD_GROUP = "apiextensions.k8s.io"
 CRD_KEY = (CRD_GROUP, "customresourcedefinitions")
+PODS_KEY = ("", "pods")
+NAMESPACES_KEY = ("", "namespaces")
+# The namespaces a real API server creates for itself at start-up.
+SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
+# A pod's grace period when neither the delete nor spec.terminationGracePeriodSeconds sets one.
+DEFAULT_POD_GRACE_SECONDS = 30
 
 OPTIMISTIC_LOCK_MSG = (
     "the object has been modified; please apply your changes to the latest version and try again"
@@ -108,6 +115,8 @@ class ResourceType:
     delete_returns_object: bool = False
     name_rule: str = "subdomain"
     list_kind: str = ""
+    # Custom resources: the structural schema of each served version.
+    schemas: dict[str, CrdSchema] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.singular = self.singular or self.kind.lower()
@@ -231,6 +240,7 @@ def types_from_crd(crd: dict[str, Any]) -> ResourceType:
         for selectable_field in version.get("selectableFields") or []:
             selectable.add(str(selectable_field.get("jsonPath", "")).lstrip("."))
     status = any("status" in (v.get("subresources") or {}) for v in served)
+    schemas = {v["name"]: CrdSchema((v.get("schema") or {}).get("openAPIV3Schema")) for v in served}
     return ResourceType(
         group,
         tuple(v["name"] for v in served),
@@ -246,6 +256,7 @@ def types_from_crd(crd: dict[str, Any]) -> ResourceType:
         create_status="drop" if status else "keep",
         delete_returns_object=True,
         list_kind=names.get("listKind", ""),
+        schemas=schemas,
     )
 
 
@@ -307,6 +318,7 @@ class Store:
         self.watchers: dict[tuple[str, str], set[Watcher]] = {}
         for rt in builtin_types():
             self._register(rt)
+        self._create_system_namespaces()
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -559,8 +571,11 @@ class Store:
         if rt.key == CRD_KEY:
             obj["status"] = _crd_status(obj)
         with self.lock:
+            if rt.namespaced:
+                self._require_namespace(namespace)
             if not meta.get("name"):
                 meta["name"] = self._generate_name(rt, namespace, meta["generateName"])
+            obj = self._conform(rt, version, obj)
             self._validate(rt, obj, None)
             if (meta.get("namespace", ""), meta["name"]) in self.objects[rt.key]:
                 raise ApiError(
@@ -583,6 +598,33 @@ class Store:
             if (ns, name) not in bucket:
                 return name
         raise ApiError(500, "InternalError", "could not generate a unique name")
+
+    def _require_namespace(self, namespace: str) -> None:
+        if ("", namespace) not in self.objects[NAMESPACES_KEY]:
+            raise ApiError(
+                404,
+                "NotFound",
+                f'namespaces "{namespace}" not found',
+                {"name": namespace, "kind": "namespaces"},
+            )
+
+    def _create_system_namespaces(self) -> None:
+        rt = self.types[NAMESPACES_KEY]
+        for name in SYSTEM_NAMESPACES:
+            if ("", name) not in self.objects[NAMESPACES_KEY]:
+                self.create(rt, "v1", "", {"metadata": {"name": name}})
+
+    @staticmethod
+    def _conform(rt: ResourceType, version: str, obj: dict) -> dict:
+        """A custom resource pruned, defaulted and validated against its version's schema."""
+        schema = rt.schemas.get(version) or rt.schemas.get(rt.versions[0])
+        if schema is None:
+            return obj
+        obj = schema.normalize(obj)
+        problems = schema.errors(obj)
+        if problems:
+            raise schema_invalid(rt, obj["metadata"].get("name", ""), problems)
+        return obj
 
     def update(
         self,
@@ -650,8 +692,9 @@ class Store:
                     new["status"] = body["status"]
                 else:
                     new.pop("status", None)
+                new = self._conform(rt, version, new)
             else:
-                new = self._merge_server_fields(rt, stored, new)
+                new = self._merge_server_fields(rt, stored, self._conform(rt, version, new))
             self._validate(rt, new, stored)
             new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
             if new == stored or dry_run:
@@ -689,8 +732,10 @@ class Store:
         name: str,
         preconditions: dict | None = None,
         dry_run: bool = False,
+        grace_seconds: int | None = None,
     ) -> tuple[dict, bool]:
-        """Delete, or mark for deletion when finalizers remain. Returns (object, deleted now)."""
+        """Delete, or mark for deletion when finalizers remain or a pod on a node must first be
+        stopped by its kubelet (graceful deletion). Returns (object, deleted now)."""
         with self.lock:
             stored = self.objects[rt.key].get((namespace if rt.namespaced else "", name))
             if stored is None:
@@ -712,6 +757,8 @@ class Store:
                     f"Precondition failed: ResourceVersion in precondition: {want_rv}, "
                     f"ResourceVersion in object meta: {meta['resourceVersion']}",
                 )
+            if rt.key == PODS_KEY:
+                return self._delete_pod(rt, stored, grace_seconds, dry_run)
             if meta.get("finalizers"):
                 if meta.get("deletionTimestamp"):
                     return stored, False
@@ -728,6 +775,33 @@ class Store:
                 return stored, True
             return self._remove(rt, stored), True
 
+    def _delete_pod(
+        self, rt: ResourceType, stored: dict, grace_seconds: int | None, dry_run: bool
+    ) -> tuple[dict, bool]:
+        """Graceful deletion, as the pod strategy does it: the pod is first stamped with
+        `deletionTimestamp` (a MODIFIED event). With a grace period it then stays Terminating
+        for its kubelet to stop and delete with grace 0; with none it goes at once (DELETED).
+        While Terminating, only a shorter grace period changes anything."""
+        meta = stored["metadata"]
+        grace = _pod_grace_seconds(stored, grace_seconds)
+        current = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and current is not None:
+            if grace_seconds is None or grace >= current:
+                return stored, False
+            started = _parse_time(meta["deletionTimestamp"]) - timedelta(seconds=current)
+        else:
+            started = datetime.now(UTC)
+        deadline = (started + timedelta(seconds=grace)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        marked = dict(stored)
+        marked["metadata"] = dict(
+            meta, deletionTimestamp=deadline, deletionGracePeriodSeconds=grace
+        )
+        gone = grace == 0 and not meta.get("finalizers")
+        if dry_run:
+            return marked, gone
+        marked = self._commit(rt, marked, stored, "MODIFIED")
+        return (self._remove(rt, marked), True) if gone else (marked, False)
+
     def reset(self) -> None:
         """Forget every object except CRDs; the rv counter keeps rising so old rvs get 410."""
         with self.lock:
@@ -736,6 +810,7 @@ class Store:
                     bucket.clear()
                     self._sorted[key] = None
             self.log.clear()
+        self._create_system_namespaces()
 
     # -- validation -------------------------------------------------------------------------
 
@@ -761,7 +836,7 @@ class Store:
         obj = dict(body)
         obj["kind"] = rt.kind
         obj["apiVersion"] = api_version or rt.api_version(version)
-        return obj
+        return _empty_string_for_null(rt, obj)
 
     def _validate(self, rt: ResourceType, obj: dict, old: dict | None) -> None:
         meta = obj["metadata"]
@@ -806,6 +881,47 @@ class Store:
                 "was previously negative)",
                 "spec",
             )
+
+
+# String maps where a JSON null decodes to "" (Go's zero value) instead of being refused.
+_STRING_MAPS = {("", "configmaps"): ("data",), ("", "secrets"): ("data", "stringData")}
+
+
+def _empty_string_for_null(rt: ResourceType, obj: dict) -> dict:
+    """`{"labels": {"a": null}}` is stored as `{"a": ""}` by a real server (Go decodes null
+    into a map[string]string entry as ""); so are ConfigMap and Secret data."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        obj["metadata"] = meta = dict(meta)
+        for key in ("labels", "annotations"):
+            if isinstance(meta.get(key), dict):
+                meta[key] = _nulls_as_empty(meta[key])
+    for key in _STRING_MAPS.get(rt.key, ()):
+        if isinstance(obj.get(key), dict):
+            obj[key] = _nulls_as_empty(obj[key])
+    return obj
+
+
+def _nulls_as_empty(values: dict) -> dict:
+    if all(v is not None for v in values.values()):
+        return values
+    return {k: "" if v is None else v for k, v in values.items()}
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def _pod_grace_seconds(pod: dict, asked: int | None) -> int:
+    """The grace period a delete gives a pod (the pod strategy's CheckGracefulDelete)."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if not spec.get("nodeName") or status.get("phase") in ("Failed", "Succeeded"):
+        return 0  # never scheduled, or already finished: nothing for a kubelet to stop
+    if asked is None:
+        asked = spec.get("terminationGracePeriodSeconds")
+    if asked is None:
+        asked = DEFAULT_POD_GRACE_SECONDS
+    return max(int(asked), 0)
 
 
 def _pod_spec_frozen(pod: dict) -> dict:
@@ -902,6 +1018,29 @@ def invalid(rt: ResourceType, name: str, problem: str, field_path: str) -> ApiEr
     details = rt.details(name, kind=rt.kind)
     details["causes"] = [{"reason": "FieldValueInvalid", "message": problem, "field": field_path}]
     return ApiError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {problem}', details)
+
+
+def schema_invalid(rt: ResourceType, name: str, problems: list[tuple[str, str]]) -> ApiError:
+    """422 for a custom resource its schema refuses: one cause per problem, as the real server."""
+    texts = [f"{path}: {message}" for path, message in problems]
+    summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    details = rt.details(name, kind=rt.kind)
+    details["causes"] = [
+        {"reason": _cause_reason(message), "message": message, "field": path}
+        for path, message in problems
+    ]
+    return ApiError(422, "Invalid", f'{rt.qualified_kind} "{name}" is invalid: {summary}', details)
+
+
+def _cause_reason(message: str) -> str:
+    for prefix, reason in (
+        ("Required value", "FieldValueRequired"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Duplicate value", "FieldValueDuplicate"),
+    ):
+        if message.startswith(prefix):
+            return reason
+    return "FieldValueInvalid"
 
 
 def bad_request(message: str) -> ApiError:

@@ -5,7 +5,9 @@ pace. The demo runs on it, and so do the browser tests and some benchmarks.
 The workload generator plays the scheduler and the kubelet's pod lifecycle: it creates a Pod in
 the API server bound to a node whose kubelet shows enough allocatable devices, has that
 kubelet admit it (which calls the agent's Allocate), marks it Running, and after a while
-deletes it from the API server and the kubelet, as a finished pod goes.
+deletes it from the API server. As on a real cluster that only marks the pod Terminating: each
+node's `PodFinisher` (the kubelet's side) then removes it from its kubelet and deletes it with
+grace period 0.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agent.kube.client import AkriApi, new_api_client
 from agent.kube.watch import CacheSync
 from agent.simulator.apiserver import ApiServerSimulator
 from agent.simulator.kubelet import KubeletSimulator
+from agent.simulator.kubelet_pods import PodFinisher
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,15 @@ def debug_echo_configuration(
     }
 
 
+def ensure_namespace(core: client.CoreV1Api, name: str) -> None:
+    """Create namespace `name` unless it exists: objects need their namespace."""
+    try:
+        core.create_namespace({"metadata": {"name": name}})
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 def node_body(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -62,6 +74,7 @@ class SimNode:
     kubelet: KubeletSimulator
     agent: Any
     directory: str
+    finisher: PodFinisher | None = None
 
 
 @dataclass
@@ -93,6 +106,7 @@ class SimulatedCluster:
         self.api_client = new_api_client(self.kubeconfig)
         self.akri = AkriApi(self.api_client, self.namespace)
         self.core = client.CoreV1Api(self.api_client)
+        ensure_namespace(self.core, self.namespace)
         self.sync = CacheSync(
             new_api_client(self.kubeconfig), self.namespace, owner="cluster"
         ).start()
@@ -124,7 +138,8 @@ class SimulatedCluster:
                 offline_grace=self.offline_grace,
             )
             agent.start()
-            self.sim_nodes.append(SimNode(name, kubelet, agent, directory))
+            finisher = PodFinisher(kubelet, new_api_client(self.kubeconfig), self.namespace)
+            self.sim_nodes.append(SimNode(name, kubelet, agent, directory, finisher.start()))
         # Broker pods the controller makes get scheduled and run by the nodes' kubelets.
         from agent.simulator.pod_runner import PodRunner
 
@@ -143,6 +158,8 @@ class SimulatedCluster:
         if self.pod_runner is not None:
             self.pod_runner.stop()
         for node in self.sim_nodes:
+            if node.finisher is not None:
+                node.finisher.stop()
             node.agent.stop()
             node.kubelet.stop()
         if self.controller is not None:
@@ -192,14 +209,14 @@ class SimulatedCluster:
         return result.admitted
 
     def end_pod(self, name: str, node: str, namespace: str | None = None) -> None:
-        """The pod finished: gone from the API server and from its kubelet."""
+        """The pod is deleted; the node's PodFinisher takes it off the kubelet and the API
+        server. `node` is kept for callers; the finisher watching that node does the rest."""
         namespace = namespace or self.namespace
         try:
             self.core.delete_namespaced_pod(name, namespace)
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
-        self.node(node).kubelet.remove_pod(namespace, name)
 
 
 class WorkloadGenerator:

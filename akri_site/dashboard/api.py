@@ -1,20 +1,28 @@
 """The read-only JSON API: every list the pages show, for scripts and the HTTP fallback.
 
-Configured per view (session auth, viewer role, pagination, django-filter) so that it needs no
-project-wide ``REST_FRAMEWORK`` settings. OpenAPI schema at ``/api/schema/``.
+Configured per view (session or token auth, viewer role, pagination, django-filter) so that it
+needs no project-wide ``REST_FRAMEWORK`` settings. OpenAPI schema at ``/api/schema/``.
+
+Scripts sign in with a per-user token (``Authorization: Token <key>``, DRF's authtoken; made
+with ``manage.py apitoken`` or in the admin); a token carries exactly its user's role. As on the
+pages, a query parameter the endpoint does not know, a node name nothing knows or an
+``ordering`` field that is not offered is a 400 naming it: a typo must not read as "no rows".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.db.models import Q, QuerySet
 from django.urls import path
 from django_filters import rest_framework as filters
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers, viewsets
-from rest_framework.authentication import SessionAuthentication
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.exceptions import ValidationError
+from rest_framework.filters import OrderingFilter
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
@@ -22,8 +30,9 @@ from rest_framework.routers import APIRootView, DefaultRouter
 
 from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
 from akri_site.dashboard.access import can_view
+from akri_site.dashboard.forms import known_nodes
 from akri_site.dashboard.queries import RUN_FIELDS
-from akri_site.dashboard.slotmap import HELD_LEVELS, slot_state
+from akri_site.dashboard.slotmap import HELD_LEVELS, STUCK_STATES, StuckRules, slot_state
 
 
 class IsViewer(BasePermission):
@@ -147,6 +156,68 @@ class EventSerializer(serializers.ModelSerializer):
         ]
 
 
+# Parameters every list endpoint takes besides its filters.
+COMMON_PARAMETERS = frozenset({"page", "page_size", "format", "ordering"})
+# Token first: a request without credentials is then a 401 that names the scheme
+# (``WWW-Authenticate: Token``), and a bad token a 401 rather than a 403.
+AUTHENTICATION = [TokenAuthentication, SessionAuthentication]
+
+
+class StrictFilterBackend(filters.DjangoFilterBackend):
+    """django-filter, but a parameter that is no filter of the endpoint is a 400."""
+
+    def filter_queryset(self, request: Any, queryset: QuerySet, view: Any) -> QuerySet:
+        filterset_class = self.get_filterset_class(view, queryset)
+        known = set(filterset_class.base_filters) if filterset_class else set()
+        unknown = sorted(set(request.query_params) - known - COMMON_PARAMETERS)
+        if unknown:
+            offered = ", ".join(sorted(known | COMMON_PARAMETERS))
+            raise ValidationError(
+                {name: [f"Unknown parameter; this endpoint takes: {offered}."] for name in unknown}
+            )
+        return super().filter_queryset(request, queryset, view)
+
+
+class StrictOrdering(OrderingFilter):
+    """``?ordering=field,-other`` over the view's ``ordering_fields``; anything else is a 400.
+    The id breaks ties, so pages stay stable."""
+
+    def remove_invalid_fields(self, queryset: QuerySet, fields: Any, view: Any, request: Any):
+        allowed = set(view.ordering_fields)
+        bad = [f for f in fields if f.lstrip("-") not in allowed]
+        if bad:
+            offered = ", ".join(sorted(allowed))
+            raise ValidationError(
+                {"ordering": [f"Cannot order by {', '.join(bad)}; choose from: {offered}."]}
+            )
+        return [*fields, "id"] if "id" not in {f.lstrip("-") for f in fields} else list(fields)
+
+
+class _NodeForm(forms.Form):
+    """Filters naming a node: an unknown node is an error, as on the pages."""
+
+    def clean_node(self) -> str:
+        node = self.cleaned_data.get("node") or ""
+        if node and node not in self.known_nodes():
+            raise forms.ValidationError(f"No node named “{node}” is known.")
+        return node
+
+    def known_nodes(self) -> set[str]:
+        return known_nodes()
+
+
+class _RunNodeForm(_NodeForm):
+    def known_nodes(self) -> set[str]:
+        ran = ReconcileRun.objects.order_by().values_list("node", flat=True).distinct()
+        return known_nodes() | set(ran)
+
+
+class _EventNodeForm(_NodeForm):
+    def known_nodes(self) -> set[str]:
+        seen = SlotEvent.objects.order_by().values_list("node", flat=True).distinct()
+        return known_nodes() | set(seen)
+
+
 class ConfigurationFilter(filters.FilterSet):
     has_error = filters.BooleanFilter(method="filter_has_error")
 
@@ -167,7 +238,13 @@ class InstanceFilter(filters.FilterSet):
 
 
 class SlotFilter(filters.FilterSet):
-    STATES = (("free", "free"), ("held", "held"), ("foreign", "foreign"), ("surplus", "surplus"))
+    STATES = (
+        ("free", "free"),
+        ("held", "held"),
+        ("foreign", "foreign"),
+        ("surplus", "surplus"),
+        *((kind, kind) for kind in STUCK_STATES if kind != "foreign"),
+    )
     state = filters.ChoiceFilter(choices=STATES, method="filter_state")
     level = filters.ChoiceFilter(choices=Slot.Level.choices)
     node = filters.CharFilter(field_name="holder_node")
@@ -178,6 +255,7 @@ class SlotFilter(filters.FilterSet):
 
     class Meta:
         model = Slot
+        form = _NodeForm
         fields = [
             "state",
             "level",
@@ -194,6 +272,8 @@ class SlotFilter(filters.FilterSet):
     def filter_state(self, qs: QuerySet, name: str, value: str) -> QuerySet:
         if value == "surplus":
             return qs.filter(surplus=True)
+        if value in STUCK_STATES and value != "foreign":
+            return qs.filter(StuckRules.at().query(value))
         if value == "held":
             return qs.filter(level__in=HELD_LEVELS)
         return qs.filter(level=Slot.Level.FOREIGN if value == "foreign" else Slot.Level.FREE)
@@ -214,6 +294,7 @@ class RunFilter(filters.FilterSet):
 
     class Meta:
         model = ReconcileRun
+        form = _RunNodeForm
         fields = ["scope", "trigger", "node", "task_id"]
 
     def filter_changed(self, qs: QuerySet, name: str, value: bool) -> QuerySet:
@@ -229,14 +310,15 @@ class EventFilter(filters.FilterSet):
 
     class Meta:
         model = SlotEvent
+        form = _EventNodeForm
         fields = ["cause", "namespace", "instance", "configuration", "slot", "node", "actor", "run"]
 
 
 class _ReadOnly(viewsets.ReadOnlyModelViewSet):
-    authentication_classes = [SessionAuthentication]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsViewer]
     pagination_class = Pagination
-    filter_backends = [filters.DjangoFilterBackend]
+    filter_backends = [StrictFilterBackend, StrictOrdering]
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
     schema = AutoSchema()
 
@@ -245,40 +327,46 @@ class ConfigurationViewSet(_ReadOnly):
     queryset = Configuration.objects.order_by("namespace", "name")
     serializer_class = ConfigurationSerializer
     filterset_class = ConfigurationFilter
+    ordering_fields = ["namespace", "name", "capacity", "created_at", "updated_at"]
 
 
 class InstanceViewSet(_ReadOnly):
     queryset = Instance.objects.order_by("namespace", "name")
     serializer_class = InstanceSerializer
     filterset_class = InstanceFilter
+    ordering_fields = ["namespace", "name", "configuration_name", "capacity", "updated_at"]
 
 
 class SlotViewSet(_ReadOnly):
     queryset = Slot.objects.select_related("instance").order_by("instance_id", "index", "id")
     serializer_class = SlotSerializer
     filterset_class = SlotFilter
+    ordering_fields = ["key", "index", "level", "holder_node", "since", "pod_name"]
 
 
 class NodeViewSet(_ReadOnly):
     queryset = Node.objects.order_by("name")
     serializer_class = NodeSerializer
     filterset_class = NodeFilter
+    ordering_fields = ["name", "ready", "ready_since", "not_ready_since"]
 
 
 class RunViewSet(_ReadOnly):
     queryset = ReconcileRun.objects.order_by("-started_at", "-id")
     serializer_class = RunSerializer
     filterset_class = RunFilter
+    ordering_fields = ["started_at", "duration_ms", "checked", "released", "conflicts", "errors"]
 
 
 class EventViewSet(_ReadOnly):
     queryset = SlotEvent.objects.order_by("-at", "-id")
     serializer_class = EventSerializer
     filterset_class = EventFilter
+    ordering_fields = ["at", "slot", "instance", "cause", "node"]
 
 
 class SchemaView(SpectacularAPIView):
-    authentication_classes = [SessionAuthentication]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsViewer]
     schema = None  # not part of the API it describes
     custom_settings = {
@@ -289,7 +377,7 @@ class SchemaView(SpectacularAPIView):
 
 
 class ApiRoot(APIRootView):
-    authentication_classes = [SessionAuthentication]
+    authentication_classes = AUTHENTICATION
     permission_classes = [IsViewer]
     schema = None
 

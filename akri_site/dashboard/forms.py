@@ -23,6 +23,10 @@ STATES = (
     ("held", "held"),
     ("foreign", "foreign value"),
     ("surplus", "surplus (beyond capacity)"),
+    ("stuck", "stuck (any reason below)"),
+    ("no-pod", "stuck: pod not known past the grace period"),
+    ("old", "stuck: held long"),
+    ("conflict", "stuck: conflict in the last hour"),
 )
 VIEWS = (("slots", "slot map"), ("overview", "overview"), ("runs", "reconciliation"))
 RANGES = (

@@ -21,6 +21,13 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 _ICONS = {"free": "○", "held": "●", "foreign": "⚠"}
+# Why a slot is stuck, in words on the cell (``slotmap.STUCK_KINDS``), and what fixes it.
+_STUCK_WORDS = {
+    "no-pod": "pod not known past the grace period",
+    "old": "held long",
+    "foreign": "foreign value",
+    "conflict": "conflict in the last hour",
+}
 # Explained once by the legend above the map (``LEGEND``), not per cell: the map has thousands.
 _IL = "IL"
 _CL = "CL"
@@ -32,7 +39,10 @@ LEGEND = mark_safe(
     "<strong>IL</strong>: held through the per-Instance device plugin (value = node); "
     "<strong>CL</strong>: held through the per-Configuration plugin for a virtual device "
     "(value = C:vdev:node). Surplus: beyond the Instance's capacity, removed once free. "
-    "Faded cells do not match the filters.</p>"
+    "Faded cells do not match the filters. "
+    '<span class="stuck-mark"><span aria-hidden="true">⚑</span> stuck</span>: needs a person '
+    "(pod not known past the grace period, held long, foreign value or a recent conflict); "
+    "releasing the slot fixes it.</p>"
 )
 
 
@@ -49,12 +59,31 @@ def link_prefixes() -> dict[str, str]:
     }
 
 
-def slot_cell(slot: Mapping[str, Any], matched: bool, can_release: bool) -> str:
+def stuck_mark(slot: Mapping[str, Any], can_release: bool, instance_href: str) -> str:
+    """The words saying why a slot is stuck, and the one action that fixes it."""
+    words = "; ".join(_STUCK_WORDS[k] for k in slot["stuck"])
+    out = (
+        f'<br><strong class="stuck-mark"><span aria-hidden="true">⚑</span> stuck: {words}</strong>'
+    )
+    if "conflict" in slot["stuck"]:
+        out += f'<br><a class="fix" href="{instance_href}#events">Who raced for it</a>'
+    if not can_release:
+        out += '<br><span class="meta">An operator can release it.</span>'
+    return out
+
+
+def slot_cell(
+    slot: Mapping[str, Any], matched: bool, can_release: bool, instance_href: str = ""
+) -> str:
     p = link_prefixes()
     state = slot["state"]
     key = escape(slot["key"])
+    stuck = slot.get("stuck")
     classes = (
-        f"slot {state}" + ("" if matched else " dim") + (" surplus" if slot["surplus"] else "")
+        f"slot {state}"
+        + ("" if matched else " dim")
+        + (" surplus" if slot["surplus"] else "")
+        + (" stuck" if stuck else "")
     )
     out = [
         f'<td data-slot="{key}" data-state="{state}" class="{classes}">',
@@ -82,11 +111,14 @@ def slot_cell(slot: Mapping[str, Any], matched: bool, can_release: bool) -> str:
         if slot["container"]:
             pod += f" / {escape(slot['container'])}"
         out.append(f"<br>{pod}")
-    elif state == "held":
+    elif state == "held" and "no-pod" not in (stuck or ()):
+        # Past the grace period the stuck mark below says it instead.
         out.append('<br><span class="meta">pod not known yet</span>')
     since = slot["since"]
     if since:
         out.append(f'<br><time datetime="{since}" data-ago>{since[:10]} {since[11:19]} UTC</time>')
+    if stuck:
+        out.append(stuck_mark(slot, can_release, instance_href))
     if can_release and state != "free":
         out.append(
             f'<br><a class="button small" href="{p["release_url"]}{slot["id"]}/release/" '
@@ -128,7 +160,8 @@ def instance_row(instance: Mapping[str, Any], can_release: bool) -> str:
             out.append('<td class="slot none">—</td>')
             continue
         for slot in slots:
-            out.append(slot_cell(slot, matched is None or slot["key"] in matched, can_release))
+            matches = matched is None or slot["key"] in matched
+            out.append(slot_cell(slot, matches, can_release, f"{p['instance_url']}{key}/"))
     if not instance["slots"]:
         out.append('<td class="empty">no slot rows in the cache yet</td>')
     out.append("</tr>")

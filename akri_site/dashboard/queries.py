@@ -22,7 +22,7 @@ from agent.models import (
     SlotEvent,
     SyncState,
 )
-from akri_site.dashboard.slotmap import iso, summary
+from akri_site.dashboard.slotmap import StuckRules, iso, stuck_counts, summary
 
 RECENT_EVENTS = 50
 ALERT_WINDOW = timedelta(hours=1)
@@ -233,6 +233,36 @@ def alerts(now: datetime | None = None) -> list[dict[str, Any]]:
     return found
 
 
+# The overview's "Stuck" box: what each count means and what fixes it.
+STUCK_ROWS = (
+    ("no-pod", "pod not known past the grace period", "release it if no pod uses the device"),
+    ("old", "held longer than {hours:g} h", "release it if its pod no longer needs it"),
+    ("foreign", "foreign value", "release it (the value is not ours to read)"),
+    ("conflict", "conflict in the last hour", "see who raced for it; release the wrong holder"),
+)
+
+
+def stuck() -> dict[str, Any]:
+    """Counts of stuck slots per reason, each with a link to the slot map showing them."""
+    rules = StuckRules.at()
+    counts = stuck_counts(rules)
+    hours = settings.AKRI.get("STUCK_AFTER_HOURS", 24.0)
+    url = reverse("dashboard:slots") + "?state="
+    rows = [
+        {
+            "kind": kind,
+            "label": label.format(hours=hours),
+            "fix": fix,
+            "count": counts[kind],
+            "url": url + kind,
+            # Without a slot-to-pod map in this database the pods cannot be known here.
+            "untracked": kind == "no-pod" and not rules.mapped_nodes,
+        }
+        for kind, label, fix in STUCK_ROWS
+    ]
+    return {"total": counts["stuck"], "url": url + "stuck", "rows": rows}
+
+
 def overview() -> dict[str, Any]:
     counts = summary()
     configurations = list(
@@ -275,5 +305,6 @@ def overview() -> dict[str, Any]:
         "n_nodes_ready": sum(1 for n in nodes if n["ready"]),
         "last_run": last_run(),
         "alerts": alerts(),
+        "stuck": stuck(),
         "sync": sync_status(),
     }

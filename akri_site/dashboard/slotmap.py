@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.utils import timezone
 
-from agent.models import Instance, Slot
+from agent.models import Instance, Slot, SlotEvent, SlotPodBinding
 
 HELD_LEVELS = (Slot.Level.IL, Slot.Level.CL)
 _INSTANCE_FIELDS = (
@@ -62,6 +64,101 @@ def slot_state(level: str, surplus: bool = False) -> str:
     if level == Slot.Level.FOREIGN:
         return "foreign"
     return "free"
+
+
+# Why a slot needs a person, in the words the map and the overview use. Each is also a value
+# of the ``state`` filter; ``stuck`` is any of them.
+STUCK_KINDS = {
+    "no-pod": "pod not known",
+    "old": "held long",
+    "foreign": "foreign value",
+    "conflict": "recent conflict",
+}
+CONFLICT_WINDOW = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class StuckRules:
+    """When a slot is stuck, as of one moment: the SQL side (``query``) and the Python side
+    (``reasons``) read the same cut-offs, so the map selects exactly what it marks.
+
+    Cut-offs are whole seconds because the slot dicts carry ``since`` to the second.
+    """
+
+    grace_before: datetime
+    old_before: datetime
+    # Nodes whose slot-to-pod map is in this database: only their slots can be "pod not
+    # known" (agents that keep their map in a database of their own never fill Slot.pod_*).
+    mapped_nodes: frozenset[str]
+    # (namespace, slot key) of the slots with a conflict event in the last CONFLICT_WINDOW.
+    conflicted: frozenset[tuple[str, str]]
+    # The cut-offs as the slot dicts write times, made once: the map checks thousands of slots.
+    grace_iso: str = field(init=False)
+    old_iso: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grace_iso", iso(self.grace_before))
+        object.__setattr__(self, "old_iso", iso(self.old_before))
+
+    @classmethod
+    def at(cls, now: datetime | None = None) -> StuckRules:
+        now = (now or timezone.now()).replace(microsecond=0)
+        conf = settings.AKRI
+        mapped = SlotPodBinding.objects.order_by().values_list("node", flat=True).distinct()
+        conflicts = SlotEvent.objects.filter(
+            cause=SlotEvent.Cause.CONFLICT, at__gte=now - CONFLICT_WINDOW
+        ).order_by()
+        return cls(
+            grace_before=now - timedelta(seconds=conf.get("SLOT_GRACE_SECONDS", 20.0)),
+            old_before=now - timedelta(hours=conf.get("STUCK_AFTER_HOURS", 24.0)),
+            mapped_nodes=frozenset(mapped),
+            conflicted=frozenset(conflicts.values_list("namespace", "slot").distinct()),
+        )
+
+    def reasons(self, slot: Mapping[str, Any], namespace: str) -> list[str]:
+        """The STUCK_KINDS that apply to one slot dict of ``_slot_dict``."""
+        found = []
+        state, since = slot["state"], slot["since"]
+        if state == "held" and since:
+            unbound = not slot["pod"] and slot["node"] in self.mapped_nodes
+            if unbound and since < self.grace_iso:
+                found.append("no-pod")
+            if since < self.old_iso:
+                found.append("old")
+        elif state == "foreign":
+            found.append("foreign")
+        if (namespace, slot["key"]) in self.conflicted:
+            found.append("conflict")
+        return found
+
+    def query(self, kind: str) -> Q:
+        """Slots of one STUCK_KINDS kind, or of any (``stuck``), in SQL."""
+        if kind == "stuck":
+            found = Q(pk__in=[])
+            for each in STUCK_KINDS:
+                found |= self.query(each)
+            return found
+        if kind == "no-pod":
+            return Q(
+                level__in=HELD_LEVELS,
+                pod_name="",
+                holder_node__in=sorted(self.mapped_nodes),
+                since__lt=self.grace_before,
+            )
+        if kind == "old":
+            return Q(level__in=HELD_LEVELS, since__lt=self.old_before)
+        if kind == "foreign":
+            return Q(level=Slot.Level.FOREIGN)
+        keys: dict[str, list[str]] = defaultdict(list)
+        for namespace, key in self.conflicted:
+            keys[namespace].append(key)
+        found = Q(pk__in=[])
+        for namespace, in_ns in keys.items():
+            found |= Q(instance__namespace=namespace, key__in=sorted(in_ns))
+        return found
+
+
+STUCK_STATES = ("stuck", *STUCK_KINDS)
 
 
 def _slot_dict(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,8 +216,14 @@ def refs_query(ids: set[int], keys: set[tuple[str, str]]) -> Q:
     return query
 
 
-def serialize(instances: QuerySet[Instance]) -> list[dict[str, Any]]:
-    """All slots of the given Instances, ordered by Configuration, namespace, name, slot index."""
+def serialize(
+    instances: QuerySet[Instance], rules: StuckRules | None = None
+) -> list[dict[str, Any]]:
+    """All slots of the given Instances, ordered by Configuration, namespace, name, slot index.
+
+    Each slot carries ``stuck``: the STUCK_KINDS that apply to it now (or as of ``rules``).
+    """
+    rules = rules or StuckRules.at()
     rows = list(
         instances.order_by("configuration_name", "namespace", "name").values(*_INSTANCE_FIELDS)
     )
@@ -135,6 +238,8 @@ def serialize(instances: QuerySet[Instance]) -> list[dict[str, Any]]:
     result = []
     for row in rows:
         own = slots.get(row["id"], [])
+        for slot in own:
+            slot["stuck"] = rules.reasons(slot, row["namespace"])
         result.append(
             {
                 "id": row["id"],
@@ -206,6 +311,12 @@ def slot_matches(
     if state == "surplus":
         if not slot["surplus"]:
             return False
+    elif state == "stuck":
+        if not slot["stuck"]:
+            return False
+    elif state in STUCK_KINDS and state != "foreign":
+        if state not in slot["stuck"]:
+            return False
     elif state and slot["state"] != state:
         return False
     if f.get("pod") and not pod_matches(f["pod"], slot["pod"]):
@@ -241,15 +352,20 @@ def narrow(instance: Mapping[str, Any], f: Mapping[str, str]) -> dict[str, Any] 
     return None
 
 
-def matching(filters: Mapping[str, str]) -> QuerySet[Instance]:
+def matching(filters: Mapping[str, str], rules: StuckRules | None = None) -> QuerySet[Instance]:
     """Exactly the Instances ``narrow`` keeps, selected in SQL and in slot-map order, so that
     a page or a snapshot reads only the rows it shows: at 40,000 Instances, serializing them
-    all to show one page cost seconds whatever the page held."""
+    all to show one page cost seconds whatever the page held.
+
+    For the stuck states, ``narrow`` agrees when its slots were serialized with the same
+    ``rules`` (the page passes one to both)."""
     qs = base_queryset(filters)
     state, pod, node = filters.get("state"), filters.get("pod"), filters.get("node")
     wanted = Q()
     if state == "surplus":
         wanted &= Q(surplus=True)
+    elif state in STUCK_STATES and state != "foreign":
+        wanted &= (rules or StuckRules.at()).query(state)
     elif state == "held":
         wanted &= Q(level__in=HELD_LEVELS)
     elif state:
@@ -270,10 +386,12 @@ def matching(filters: Mapping[str, str]) -> QuerySet[Instance]:
     return qs.order_by("configuration_name", "namespace", "name")
 
 
-def narrowed(instances: QuerySet[Instance], filters: Mapping[str, str]) -> list[dict[str, Any]]:
+def narrowed(
+    instances: QuerySet[Instance], filters: Mapping[str, str], rules: StuckRules | None = None
+) -> list[dict[str, Any]]:
     """The given Instances serialized, each with the keys of its slots matching ``filters``."""
     result = []
-    for instance in serialize(instances):
+    for instance in serialize(instances, rules):
         row = narrow(instance, filters)
         if row is not None:
             result.append(row)
@@ -282,13 +400,16 @@ def narrowed(instances: QuerySet[Instance], filters: Mapping[str, str]) -> list[
 
 def slot_map(filters: Mapping[str, str]) -> list[dict[str, Any]]:
     """The Instances matching ``filters``, each with the keys of its matching slots."""
-    return narrowed(matching(filters), filters)
+    rules = StuckRules.at()
+    return narrowed(matching(filters, rules), filters, rules)
 
 
-def page_of(qs: QuerySet[Instance], filters: Mapping[str, str]) -> list[dict[str, Any]]:
+def page_of(
+    qs: QuerySet[Instance], filters: Mapping[str, str], rules: StuckRules | None = None
+) -> list[dict[str, Any]]:
     """A slice of ``matching()`` (a page), serialized and narrowed."""
     ids = list(qs.values_list("pk", flat=True))
-    return narrowed(Instance.objects.filter(pk__in=ids), filters)
+    return narrowed(Instance.objects.filter(pk__in=ids), filters, rules)
 
 
 def columns(instances: Iterable[Mapping[str, Any]]) -> int:
@@ -320,6 +441,12 @@ def group_by_configuration(
             group["counts"] = count_slots(s for i in group["instances"] for s in i["slots"])
         group["columns"] = columns(group["instances"])
     return list(groups.values())
+
+
+def stuck_counts(rules: StuckRules | None = None) -> dict[str, int]:
+    """Slots of each STUCK_KINDS kind over the whole cache (a slot may count in several)."""
+    rules = rules or StuckRules.at()
+    return {kind: Slot.objects.filter(rules.query(kind)).count() for kind in STUCK_STATES}
 
 
 def summary() -> dict[str, Any]:

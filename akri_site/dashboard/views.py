@@ -130,11 +130,12 @@ def slot_map(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _render(request, "dashboard/slots.html", 400, errors=_errors(form), **context)
     filters = form.filters()
+    rules = slotmap.StuckRules.at()
     try:
-        page = _paginate(slotmap.matching(filters), form.cleaned_data["page"], SLOT_MAP_PAGE)
+        page = _paginate(slotmap.matching(filters, rules), form.cleaned_data["page"], SLOT_MAP_PAGE)
     except BadPage as exc:
         return _render(request, "dashboard/slots.html", 400, errors=[str(exc)], **context)
-    instances = slotmap.page_of(page.object_list, filters)
+    instances = slotmap.page_of(page.object_list, filters, rules)
     counts = slotmap.summary()
     groups = slotmap.group_by_configuration(instances, counts)
     return _render(

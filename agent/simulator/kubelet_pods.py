@@ -1,0 +1,111 @@
+"""The kubelet's API-server side of pod deletion, for the kubelet simulator.
+
+Deleting a pod that is bound to a node does not remove it from a real API server: the pod gets
+a `deletionTimestamp` and stays (Terminating) until the node's kubelet has stopped its
+containers and released their devices, and then deletes it once more with grace period 0.
+`PodFinisher` plays that part for one `KubeletSimulator`: it lists and watches the pods bound
+to the kubelet's node (in one namespace, or all) and, for each pod marked for deletion, removes
+it from the kubelet (`remove_pod`, which frees its device ids) and deletes it with grace 0 and
+its uid as precondition. A pod removed outright (a force deletion) is removed from the kubelet
+too, as a kubelet tears down pods the API server no longer has.
+
+It works the same against the API-server simulator and a real server. Run `start()` once the
+API server is up; `stop()` ends the watch promptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from kubernetes import client
+
+from agent.kube.watch import ResourceWatcher
+from agent.simulator.kubelet import KubeletSimulator
+
+log = logging.getLogger(__name__)
+
+# Streams end this often so a stopped or restarted API server is noticed soon.
+WATCH_SECONDS = 30
+
+
+class PodFinisher:
+    """Finishes the deletion of the pods bound to one kubelet's node; see the module doc."""
+
+    def __init__(
+        self,
+        kubelet: KubeletSimulator,
+        api_client: client.ApiClient,
+        namespace: str | None = None,
+    ) -> None:
+        self.kubelet = kubelet
+        self.node = kubelet.node_name
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api_client)
+        self.finished = 0
+        selector = {"field_selector": f"spec.nodeName={self.node}"}
+        if namespace is None:
+            list_func, args = self.core.list_pod_for_all_namespaces, ()
+        else:
+            list_func, args = self.core.list_namespaced_pod, (namespace,)
+        self._watcher = ResourceWatcher(
+            owner=f"kubelet-{self.node}",
+            kind="pods",
+            list_func=list_func,
+            list_args=args,
+            list_kwargs=selector,
+            on_event=self._on_event,
+            on_relist=self._on_relist,
+            api_client=api_client,
+            to_dict=True,
+            timeout_seconds=WATCH_SECONDS,
+            persist=False,
+        )
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PodFinisher:
+        self._thread = threading.Thread(
+            target=self._watcher.run, name=f"pod-finisher-{self.node}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def wait_synced(self, timeout: float = 10.0) -> bool:
+        return self._watcher.synced.wait(timeout)
+
+    def stop(self) -> None:
+        self._watcher.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    # --- events ---------------------------------------------------------------------------
+    def _on_relist(self, pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
+            self._on_event("ADDED", pod)
+
+    def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        namespace, name = meta.get("namespace", ""), meta.get("name", "")
+        if kind == "DELETED":
+            self.kubelet.remove_pod(namespace, name)
+        elif meta.get("deletionTimestamp"):
+            self._finish(namespace, name, meta.get("uid"))
+
+    def _finish(self, namespace: str, name: str, uid: str | None) -> None:
+        """What the kubelet does last: stop the pod here, then remove it with grace 0."""
+        self.kubelet.remove_pod(namespace, name)
+        options = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
+        )
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, body=options)
+        except client.ApiException as exc:
+            # 404: already gone (the final delete's own MODIFIED event brings us here again);
+            # 409: a new pod took the name (its own deletion comes later).
+            if exc.status not in (404, 409):
+                raise
+            return
+        self.finished += 1
+        log.debug("kubelet %s finished pod %s/%s", self.node, namespace, name)
