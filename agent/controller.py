@@ -191,10 +191,17 @@ class Controller:
             self.queues = QueueWatch(
                 api_client, fire=self._recompute_charges, timeout_seconds=timeout_seconds
             )
+        # Broker deployment (agent.brokers): its own watches, work enqueued for Celery.
+        from agent.brokers.controller import BrokerController
+
+        self.brokers = BrokerController(
+            api_client, namespace, self.sync, timeout_seconds=timeout_seconds
+        )
 
     def start(self) -> Controller:
         self.live.start()
         self.sync.subscribe(self._on_sync)
+        self.brokers.start()
         if self.owns_sync:
             self.sync.start()
         for watcher in (self.pods, self.nodes):
@@ -213,6 +220,7 @@ class Controller:
         if self.queues is not None:
             self.sync.unsubscribe(self._queues_sync)
             self.queues.stop()
+        self.brokers.stop()
         if self.owns_sync:
             self.sync.stop()
         for watcher in (self.pods, self.nodes):
@@ -253,6 +261,7 @@ class Controller:
                 deleted=True, ready=False, not_ready_since=timezone.now()
             )
             self._enqueue_cluster_reconcile(f"node {name} deleted")
+            self.brokers.node_gone(name)
         elif apply_node(obj):
             self._enqueue_cluster_reconcile(f"node {name} NotReady")
 

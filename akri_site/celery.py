@@ -18,6 +18,9 @@ app.autodiscover_tasks()
 CLUSTER_RECONCILE_SECONDS = env.number("AKRI_CLUSTER_RECONCILE_SECONDS", 30.0, minimum=1)
 # Reconciliation history past its retention (agent.retention) goes once an hour.
 PRUNE_SECONDS = 3600.0
+# Broker deployment's repair pass (agent.brokers): a deleted broker comes back, a Pending one
+# past its grace is replaced, objects of a deleted Configuration go.
+BROKER_PASS_SECONDS = env.number("AKRI_BROKER_PASS_SECONDS", 30.0, minimum=1)
 BEAT_SCHEDULE = {
     "reconcile-cluster": {
         "task": "agent.tasks.reconcile_cluster",
@@ -29,6 +32,11 @@ BEAT_SCHEDULE = {
         "task": "agent.tasks.prune_runs",
         "schedule": PRUNE_SECONDS,
         "options": {"expires": PRUNE_SECONDS},
+    },
+    "broker-level-pass": {
+        "task": "agent.brokers.tasks.level_pass",
+        "schedule": BROKER_PASS_SECONDS,
+        "options": {"expires": BROKER_PASS_SECONDS},
     },
 }
 

@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "agent",
+    "agent.brokers",
     "agent.scheduling",
     "agent.queues",
     "akri_site.dashboard",

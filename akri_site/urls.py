@@ -14,5 +14,6 @@ urlpatterns = [
     path("webhooks/", include("agent.queues.urls")),
     path("queues/", include("agent.queues.pages")),
     path("api/queues/", include((api_urlpatterns, "queues_api"))),
+    path("", include("agent.brokers.urls")),
     path("", include("akri_site.dashboard.urls")),
 ]

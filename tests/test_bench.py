@@ -34,6 +34,7 @@ KEYS = {
     "sweep": {"duration_ms", "first_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
+    "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
     "failover": {"p95_s", "dual_leader_writes"},
@@ -74,6 +75,8 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert math.isfinite(value) and value >= 0, last
     if name == "contention":
         assert figures["double_holders"] == "0", last
+    if name == "brokers":
+        assert (figures["duplicates"], figures["missing"]) == ("0", "0"), last
     if name == "web":
         assert figures["errors"] == "0", last  # every request answered 200
     if name == "scale":

@@ -364,12 +364,13 @@ def _controller_run(kube, rec: Recorder) -> None:
     try:
         assert controller.sync.wait_synced()
         assert controller.queues.wait_probed()  # queue charges: every kind probed once
-        # Every queue kind (and DRA, where served) is watched.
+        # Every queue kind (and DRA, where served) is watched, and the broker watches run.
         watched = {(w.group, w.plural) for w in served_kinds(kube)}
+        watched |= {("", "services"), ("batch", "jobs")}
         kube.wait_for(
             lambda: watched <= {(a.group, a.resource) for a in rec.accesses() if a.verb == "watch"},
             timeout=20,
-            message="the controller watching queue and DRA objects",
+            message="the controller watching queue, DRA and broker objects",
         )
         node = f"rbac-{kube.namespace}"
         core = client.CoreV1Api(kube.api_client)
@@ -395,6 +396,69 @@ def cluster_reconciliation(kube, rec: Recorder, monkeypatch) -> None:
     run = run_cluster_pass(kube.namespace, api_client=rec.client(), grace=0)
     assert run is not None and run.released == 1, run and run.detail
     assert [i["metadata"]["name"] for i in api.list_instances()["items"]] == ["cams-held"]
+
+
+def broker_runs(kube, rec: Recorder, monkeypatch) -> None:
+    """The run_brokers task's work (agent.brokers.dispatch.run_key, on the worker's own client):
+    broker pods per node, their Services once one runs, the Configuration's Service, a Job,
+    a name taken by a stranger (read), a recreated Instance's Service re-owned, and removals."""
+    from agent.brokers import dispatch
+    from tests.brokers_world import BrokerWorld
+
+    monkeypatch.setattr(dispatch, "new_api_client", lambda *a, **k: rec.client())
+    monkeypatch.setattr(dispatch, "_clients", {})
+    sent: list[str] = []
+    # What Celery would deliver to another run of this task: run here, in order.
+    monkeypatch.setattr(dispatch.Dispatcher, "send", lambda self, key: sent.append(key))
+    world = BrokerWorld(kube)
+    ns = kube.namespace
+
+    def run(key: str):
+        outcome = dispatch.run_key(key)
+        while sent:
+            dispatch.run_key(sent.pop(0))
+        return outcome
+
+    try:
+        _broker_steps(world, ns, run)
+    finally:
+        world.cleanup()
+
+
+def _broker_steps(world, ns: str, run) -> None:
+    from agent.brokers import dispatch
+
+    a = world.node("a")
+    world.configuration("brk")
+    world.instance("brk-1", (a,), configuration="brk")
+    assert run(dispatch.instance_key(ns, "brk", "brk-1")).created == 1
+    world.run(f"{a}-brk-1-pod")
+    run(dispatch.instance_key(ns, "brk", "brk-1"))
+    assert world.services() == {"brk-1-svc", "brk-svc"}
+    # The Configuration recreated (a new uid) while its broker runs: its Service re-owned.
+    world.akri.custom.delete_namespaced_custom_object("akri.sh", "v0", ns, "configurations", "brk")
+    uid = world.configuration("brk")["metadata"]["uid"]
+    assert run(dispatch.configuration_key(ns, "brk")).adopted == 1
+    owners = world.core.read_namespaced_service("brk-svc", ns).metadata.owner_references
+    assert [o.uid for o in owners] == [uid]
+    # A stranger holding a broker's name is read, and left alone.
+    world.core.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": f"{a}-brk-2-pod", "labels": {"app": "mine"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        },
+    )
+    world.instance("brk-2", (a,), configuration="brk")
+    assert "not ours" in " ".join(run(dispatch.instance_key(ns, "brk", "brk-2")).problems)
+    job = {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "j", "image": "busybox"}]}}}  # fmt: skip
+    world.configuration("brj", brokerSpec={"brokerJobSpec": job})
+    world.instance("brj-1", (a,), configuration="brj")
+    assert run(dispatch.instance_key(ns, "brj", "brj-1")).created == 1
+    world.akri.delete_instance("brj-1")
+    world.akri.delete_instance("brk-1")
+    run(dispatch.level_key(ns))
+    assert not world.batch.list_namespaced_job(ns).items
 
 
 def charge_labels(kube, rec: Recorder, monkeypatch) -> None:
@@ -585,7 +649,7 @@ Scenario = Callable[..., None]
 SCENARIOS: dict[str, list[Scenario]] = {
     "agent": [agent_lifecycle, claim_after_a_lost_race, agent_taking_an_assignment],
     "controller": [controller_term],
-    "worker": [cluster_reconciliation, charge_labels],
+    "worker": [cluster_reconciliation, broker_runs, charge_labels],
     "beat": [beat_election],
     "web": [web_requests, web_eviction],
     "extender": [extender_scheduling],

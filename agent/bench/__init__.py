@@ -61,6 +61,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_sweep",
         "one node-local sweep over 500 Instances x 4 held slots in use",
     ),
+    "brokers": (
+        "agent.bench.brokers",
+        "bench_brokers",
+        "1,000 Instances appear at once on 50 nodes -> every broker pod and Service created",
+    ),
     "web": (
         "agent.bench.web",
         "bench_web",

@@ -98,6 +98,7 @@ class SimulatedCluster:
         # A hook standing in for the API server's admission chain (the queue demo plugs its
         # webhook in): ``fn(pod, namespace)`` returns why the pod is refused, or None.
         self.admission: Any = None
+        self.pod_runner: Any = None
         self._stopped = False
 
     def start(self) -> SimulatedCluster:
@@ -142,6 +143,12 @@ class SimulatedCluster:
             agent.start()
             finisher = PodFinisher(kubelet, new_api_client(self.kubeconfig), self.namespace)
             self.sim_nodes.append(SimNode(name, kubelet, agent, directory, finisher.start()))
+        # Broker pods the controller makes get scheduled and run by the nodes' kubelets.
+        from agent.simulator.pod_runner import PodRunner
+
+        kubelets = {n.name: n.kubelet for n in self.sim_nodes}
+        self.pod_runner = PodRunner(new_api_client(self.kubeconfig), self.namespace, kubelets)
+        self.pod_runner.start()
         for body in self.configurations:
             self.akri.create_configuration(body)
         return self
@@ -151,6 +158,8 @@ class SimulatedCluster:
         if self._stopped:
             return
         self._stopped = True
+        if self.pod_runner is not None:
+            self.pod_runner.stop()
         for node in self.sim_nodes:
             if node.finisher is not None:
                 node.finisher.stop()

@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 import agent.metrics  # noqa: F401  (registers the per-process series, websocket clients included)
+from agent.brokers.metrics import BrokerCollector
 from agent.models import Instance, Slot, SyncState
 from agent.queues.metrics import QueueCollector
 from akri_site.dashboard.slotmap import slot_state
@@ -97,6 +98,7 @@ CACHE_REGISTRY = CollectorRegistry(auto_describe=False)
 CACHE_REGISTRY.register(CacheCollector())
 # Queue charges (agent/queues): akri_queue_charge{queue,resource} and friends.
 CACHE_REGISTRY.register(QueueCollector())
+CACHE_REGISTRY.register(BrokerCollector())  # akri_broker_pod_count (agent.brokers)
 
 
 def authorized(request: HttpRequest) -> bool:

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandError
 
+from agent.brokers.specs import with_brokers
 from agent.demo_support import (
     ACTIVITY_INTERVAL,
     demo_password,
@@ -154,8 +155,11 @@ class Command(BaseCommand):
         return SimulatedCluster(
             nodes=nodes,
             configurations=[
-                debug_echo_configuration(
-                    "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
+                # debugEcho brokers, one per Instance and node, as Akri's chart deploys them.
+                with_brokers(
+                    debug_echo_configuration(
+                        "akri-debug-echo-foo", ["foo0", "foo1"], capacity=2, unique=True
+                    )
                 ),
                 debug_echo_configuration(
                     "akri-debug-echo-bar", ["bar0", "bar1", "bar2"], capacity=2, unique=False
@@ -221,6 +225,10 @@ class Command(BaseCommand):
                 tasks.reconcile_cluster.apply(kwargs={"trigger": "schedule"})
             except Exception:  # noqa: BLE001 - the demo keeps going; the run row records errors
                 self.stderr.write("cluster reconciliation failed; see the log")
+            # Beat's broker level pass, queued to the in-process broker runner.
+            from agent.brokers.dispatch import Dispatcher
+
+            Dispatcher().level(settings.AKRI["NAMESPACE"])
 
 
 def _bounded(kind, low, high):

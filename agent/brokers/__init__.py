@@ -1,0 +1,1 @@
+"""Broker deployment: Akri's controller rules (``agent.domain.brokers``) carried out by Celery."""

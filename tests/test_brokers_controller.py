@@ -1,0 +1,144 @@
+"""The controller's broker part: which events enqueue which keys (a recording dispatcher; no
+watch runs), and what the mirror keeps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from agent.brokers.controller import BrokerController
+from agent.brokers.models import Broker
+from agent.models import Instance
+
+pytestmark = pytest.mark.django_db
+
+NS = "default"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def instance(self, namespace, configuration, instance):
+        self.sent.append(("instance", configuration, instance))
+
+    def configuration(self, namespace, configuration):
+        self.sent.append(("configuration", configuration))
+
+    def level(self, namespace):
+        self.sent.append(("level",))
+
+    def stop(self):
+        pass
+
+
+class NoSync:
+    def subscribe(self, fn):
+        pass
+
+    def unsubscribe(self, fn):
+        pass
+
+
+@pytest.fixture
+def controller():
+    from kubernetes import client
+
+    recorder = Recorder()
+    c = BrokerController(client.ApiClient(), NS, NoSync(), dispatcher=recorder)
+    return c, recorder
+
+
+def instance_obj(nodes=("node-a",), usage=None, uid="u1"):
+    return {
+        "metadata": {"name": "cams-8120fe", "uid": uid},
+        "spec": {
+            "configurationName": "cams",
+            "shared": True,
+            "nodes": list(nodes),
+            "deviceUsage": usage or {},
+        },
+    }
+
+
+def pod(phase="Pending", deleting=False, instance="cams-8120fe"):
+    labels = {"akri.sh/configuration": "cams", "akri.sh/target-node": "node-a"}
+    if instance:
+        labels["akri.sh/instance"] = instance
+    meta = {"name": "node-a-cams-8120fe-pod", "uid": "p1", "labels": labels}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {}, "status": {"phase": phase}}
+
+
+def test_an_instance_change_that_matters_to_brokers_enqueues_it_and_a_slot_change_does_not(
+    controller,
+):
+    c, sent = controller
+    c._on_sync("instance", "cams-8120fe", instance_obj())
+    c._on_sync("instance", "cams-8120fe", instance_obj(usage={"cams-8120fe-0": "node-a"}))
+    c._on_sync("instance", "cams-8120fe", instance_obj(nodes=("node-a", "node-b")))
+    c._on_sync("instance", "cams-8120fe", None)
+
+    assert sent.sent == [("instance", "cams", "cams-8120fe")] * 3
+
+
+def test_a_configuration_change_enqueues_it_and_its_instances_and_a_relist_every_one(controller):
+    c, sent = controller
+    Instance.objects.create(namespace=NS, name="cams-8120fe", configuration_name="cams")
+    Broker.objects.create(namespace=NS, kind="Pod", name="x", configuration="gone")
+
+    c._on_sync("configuration", "cams", {"metadata": {"name": "cams"}})
+    c._on_sync("configuration", "cams", None)
+    c._on_sync("configuration", "", None)
+
+    assert sent.sent == [
+        ("configuration", "cams"),
+        ("instance", "cams", "cams-8120fe"),
+        ("configuration", "cams"),
+        ("configuration", "gone"),  # known only by its brokers: its objects must go
+    ]
+
+
+def test_a_broker_pod_phase_change_or_deletion_enqueues_its_instance(controller):
+    c, sent = controller
+    c._event("Pod", "ADDED", pod())
+    c._event("Pod", "MODIFIED", pod())  # nothing new
+    c._event("Pod", "MODIFIED", pod("Running"))
+    c._event("Pod", "MODIFIED", pod("Running", deleting=True))
+    c._event("Pod", "DELETED", pod("Running", deleting=True))
+
+    assert sent.sent == [("instance", "cams", "cams-8120fe")] * 3
+    assert not Broker.objects.exists()
+
+
+def test_a_replica_pods_events_enqueue_its_configuration(controller):
+    c, sent = controller
+    c._event("Pod", "ADDED", pod(instance=None))
+    c._event("Pod", "MODIFIED", pod("Failed", instance=None))
+
+    assert sent.sent == [("configuration", "cams")]
+    assert Broker.objects.get().phase == "Failed"
+
+
+def test_a_relist_of_broker_pods_drops_rows_of_pods_gone(controller):
+    c, _ = controller
+    Broker.objects.create(namespace=NS, kind="Pod", name="gone", configuration="cams")
+    kept = copy.deepcopy(pod("Running"))
+
+    c._relist("Pod", [kept])
+
+    assert list(Broker.objects.values_list("name", "phase")) == [
+        ("node-a-cams-8120fe-pod", "Running")
+    ]
+
+
+def test_starting_enqueues_what_the_cache_already_holds(controller):
+    c, sent = controller
+    Instance.objects.create(namespace=NS, name="cams-8120fe", configuration_name="cams")
+    c.watchers = []  # no watch threads in this test
+
+    c.start()
+
+    assert sent.sent == [("instance", "cams", "cams-8120fe")]
