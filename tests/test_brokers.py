@@ -319,3 +319,22 @@ def test_both_pod_and_job_specs_are_refused_by_the_crd_or_reported(world, api):
     assert "both brokerPodSpec and brokerJobSpec" in run.error
     assert world.pod_names() == set()
     assert "both" in ConfigurationBrokers.objects.get(configuration="cams").error
+
+
+def test_a_recreated_configurations_service_is_re_owned_by_the_new_one(world, api):
+    a = world.node("a")
+    world.configuration()
+    world.instance(CAMS, (a,))
+    engine.level_pass(api)
+    world.run(f"{a}-{CAMS}-pod")
+    engine.level_pass(api)
+    world.akri.custom.delete_namespaced_custom_object(
+        "akri.sh", "v0", world.namespace, "configurations", "cams"
+    )
+    uid = world.configuration()["metadata"]["uid"]
+
+    run = engine.reconcile_configuration(api, "cams")
+
+    assert (run.adopted, run.error) == (1, "")
+    svc = world.core.read_namespaced_service("cams-svc", world.namespace)
+    assert [o.uid for o in svc.metadata.owner_references] == [uid]
