@@ -7,7 +7,11 @@ Each benchmark is a function returning an ordered mapping of figures; the comman
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 # name -> (module, function, what it measures)
 REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -133,3 +137,24 @@ def ensure_migrated() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
+
+
+def start_daphne(port: int, env: dict[str, str]) -> subprocess.Popen:
+    """The web app under Daphne in a process of its own on 127.0.0.1:``port`` (its output shown
+    only with AKRI_BENCH_VERBOSE); the caller waits for the port and terminates it."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "akri_site.asgi:application",
+        ],  # fmt: skip
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
+    )

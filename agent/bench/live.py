@@ -11,18 +11,14 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-from agent.bench import ensure_migrated, percentile
+from agent.bench import ensure_migrated, percentile, start_daphne
 from agent.bench.claims import instance_body
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -95,22 +91,7 @@ def bench_live(quick: bool = False, stdout: Any = None) -> dict[str, object]:
         api.create_instance(instance_body(name, 2))
         controller = Controller(new_api_client(kubeconfig), namespace).start()
         controller.sync.wait_synced()
-        daphne = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "akri_site.asgi:application",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
-        )
+        daphne = start_daphne(port, env)
         try:
             _wait_port(port)
             figures: dict[str, object] = {}

@@ -13,18 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from django.db import transaction
 
-from agent.bench import ensure_migrated, percentile
+from agent.bench import ensure_migrated, percentile, start_daphne
 
-REPO = Path(__file__).resolve().parents[2]
 QUEUES = 200
 CLAIMS = 2500  # of each kind
 USERS = 4  # pods per claim
@@ -209,22 +205,7 @@ def bench_webhook(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     env.pop("REDIS_URL", None)
     # Refusals are logged at INFO; the console is not what is measured.
     env.setdefault("LOG_LEVEL", "WARNING")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "akri_site.asgi:application",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
-    )
+    server = start_daphne(port, env)
     try:
         _wait_port(port)
         total = 500 if quick else 5000
