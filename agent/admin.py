@@ -10,8 +10,6 @@ operator saw, and is audited whatever happens.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
@@ -23,9 +21,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
+from agent import release
 from agent.models import (
     AuditEntry,
     Configuration,
@@ -38,14 +36,7 @@ from agent.models import (
     SlotPodBinding,
     SyncState,
 )
-
-log = logging.getLogger(__name__)
-
-RELEASE_PERMISSION = "agent.release_slot"
-RUNNING_PHASES = ("Running", "Pending")
-REASON_MAX = 1000
-# A release names each slot; beyond this many, the operator should narrow the selection.
-RELEASE_MAX = 200
+from agent.release import RELEASE_MAX, RELEASE_PERMISSION
 
 admin.site.site_header = "akri-site administration"
 admin.site.site_title = "akri-site admin"
@@ -128,74 +119,6 @@ class InstanceAdmin(ReadOnlyAdmin):
         return ", ".join(obj.nodes or []) or "—"
 
 
-@dataclass
-class ReleaseItem:
-    """One slot on the confirmation page: what the operator is about to release."""
-
-    slot: Slot
-    pod: str
-    container: str
-    pod_row: Pod | None
-
-    @property
-    def target(self) -> str:
-        return f"{self.slot.instance.namespace}/{self.slot.instance.name}/{self.slot.key}"
-
-    @property
-    def pod_running(self) -> bool:
-        row = self.pod_row
-        return row is not None and row.phase in RUNNING_PHASES and not row.deleting
-
-    @property
-    def pod_state(self) -> str:
-        if not self.pod:
-            return "holder pod not known"
-        if self.pod_row is None:
-            return "pod not in the cache (gone?)"
-        state = self.pod_row.phase or "phase unknown"
-        return f"{state}, being deleted" if self.pod_row.deleting else state
-
-
-def _release_items(slots: QuerySet[Slot]) -> list[ReleaseItem]:
-    items = []
-    for slot in slots.select_related("instance").order_by("instance__name", "index"):
-        pod, container = "", slot.container
-        if slot.pod_name:
-            pod = f"{slot.pod_namespace}/{slot.pod_name}"
-        elif slot.holder_node:
-            # The Slot row may not carry its pod yet; the holder node's slot-to-pod map may.
-            binding = SlotPodBinding.objects.filter(node=slot.holder_node, slot=slot.key).first()
-            if binding and binding.pod_name:
-                pod = f"{binding.pod_namespace}/{binding.pod_name}"
-                container = binding.container
-        pod_row = None
-        if pod:
-            ns, name = pod.split("/", 1)
-            pod_row = Pod.objects.filter(namespace=ns, name=name).first()
-        items.append(ReleaseItem(slot, pod, container, pod_row))
-    return items
-
-
-def _audit_refusal(request: HttpRequest, target: str, holder: str, reason: str, why: str) -> None:
-    """Refusals that never reached the claim store are audited here."""
-    AuditEntry.objects.create(
-        at=timezone.now(),
-        user=request.user,
-        username=request.user.get_username(),
-        action="release_slot",
-        target=target,
-        holder=holder,
-        reason=reason,
-        outcome="refused",
-        detail=why,
-    )
-
-
-def _short(names: list[str]) -> str:
-    shown = ", ".join(names[:10])
-    return shown + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-
-
 @admin.register(Slot)
 class SlotAdmin(ReadOnlyAdmin):
     list_display = ["key", "state", "holder_node", "pod", "since", "instance_link"]
@@ -268,96 +191,27 @@ class SlotAdmin(ReadOnlyAdmin):
                 messages.WARNING,
             )
             return HttpResponseRedirect(reverse("admin:agent_slot_changelist"))
-        items = _release_items(queryset)
         context = {
             **self.admin_site.each_context(request),
             "title": "Release slots?",
             "opts": self.model._meta,
-            "held": [i for i in items if i.slot.level != Slot.Level.FREE],
-            "free": [i for i in items if i.slot.level == Slot.Level.FREE],
-            "running": [i for i in items if i.pod_running],
-            "reason_max": REASON_MAX,
+            **release.confirmation(queryset),
             "changelist_url": reverse("admin:agent_slot_changelist"),
         }
         return TemplateResponse(request, "admin/agent/slot/release_confirm.html", context)
 
     def _release(self, request: HttpRequest, queryset: QuerySet[Slot]) -> None:
-        from agent.kube import claims  # the claim store talks to the API server: load on use
-
-        reason = request.POST.get("reason", "").strip()[:REASON_MAX]
-        wanted = {
+        wanted = [
             int(v) for v in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if v.isdigit()
+        ]
+        expected = {
+            pk: request.POST[f"expected_{pk}"] for pk in wanted if f"expected_{pk}" in request.POST
         }
-        outcomes: dict[str, list[str]] = {"released": [], "free": [], "refused": [], "failed": []}
-        found = set()
-        for slot in queryset.select_related("instance").order_by("instance__name", "index"):
-            found.add(slot.pk)
-            inst = slot.instance
-            target = f"{inst.namespace}/{inst.name}/{slot.key}"
-            expected = request.POST.get(f"expected_{slot.pk}")
-            if expected is None:
-                _audit_refusal(request, target, slot.value, reason, "no holder value was confirmed")
-                outcomes["refused"].append(f"{slot.key} (no holder value was confirmed)")
-                continue
-            try:
-                result = claims.manual_release(
-                    inst.namespace, inst.name, slot.key, expected, user=request.user, reason=reason
-                )
-            except claims.SlotChanged as exc:
-                now = getattr(exc, "actual", None)
-                seen = f"now {now!r}" if now is not None else str(exc)
-                outcomes["refused"].append(f"{slot.key} (changed meanwhile: {seen})")
-            except claims.ClaimStoreError as exc:
-                outcomes["failed"].append(f"{slot.key} ({exc})")
-            except Exception as exc:  # the claim store failed in a way it did not record
-                log.exception("manual release of %s failed", target)
-                AuditEntry.objects.create(
-                    at=timezone.now(),
-                    user=request.user,
-                    username=request.user.get_username(),
-                    action="release_slot",
-                    target=target,
-                    holder=expected,
-                    reason=reason,
-                    outcome="failed",
-                    detail=f"{type(exc).__name__}: {exc}",
-                )
-                outcomes["failed"].append(f"{slot.key} ({type(exc).__name__}: {exc})")
-            else:
-                outcomes["free" if result == "already free" else "released"].append(slot.key)
-        for pk in sorted(wanted - found):
-            _audit_refusal(request, f"slot #{pk}", "", reason, "slot no longer in the cache")
-            outcomes["refused"].append(f"slot #{pk} (no longer in the cache)")
-        self._report(request, outcomes)
-
-    def _report(self, request: HttpRequest, outcomes: dict[str, list[str]]) -> None:
-        if outcomes["released"]:
-            n = len(outcomes["released"])
-            self.message_user(
-                request,
-                f"Released {n} slot{'s' if n != 1 else ''}: {_short(outcomes['released'])}.",
-                messages.SUCCESS,
-            )
-        if outcomes["free"]:
-            self.message_user(
-                request,
-                f"Already free, nothing to do: {_short(outcomes['free'])}.",
-                messages.INFO,
-            )
-        if outcomes["refused"]:
-            self.message_user(
-                request,
-                "Not released, left as they are: " + _short(outcomes["refused"]) + ".",
-                messages.WARNING,
-            )
-        if outcomes["failed"]:
-            self.message_user(
-                request,
-                "Could not release (the API server was not written): "
-                + _short(outcomes["failed"])
-                + ". Try again, or check the API server.",
-                messages.ERROR,
-            )
+        outcomes = release.release(
+            request.user, queryset, wanted, expected, request.POST.get("reason", "")
+        )
+        for level, text in release.report(outcomes):
+            self.message_user(request, text, getattr(messages, level.upper()))
 
 
 @admin.register(SlotEvent)

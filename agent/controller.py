@@ -21,6 +21,7 @@ from kubernetes import client
 
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Node, Pod
+from agent.usage import UsageSampler
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,28 @@ BATCH = 500
 
 
 def replace_all_pods(items: list[dict[str, Any]]) -> None:
-    """After a relist, the pod cache is the list: rows written in bulk, and only those that
-    differ (a thousand-node cluster relists tens of thousands of pods at every start)."""
+    """After a relist held in one list, the pod cache is the list (see ``replace_pods``)."""
     wanted: dict[tuple[str, str], dict[str, Any]] = {}
+    collect_pods(wanted, items)
+    replace_pods(wanted)
+
+
+def collect_pods(
+    wanted: dict[tuple[str, str], dict[str, Any]], items: list[dict[str, Any]]
+) -> None:
+    """Add the cache columns of the pods in ``items`` that use Akri resources to ``wanted``:
+    a relist keeps these few columns, not the pods (10,000 pods are 50 MB of JSON)."""
     for obj in items:
         fields = pod_fields(obj)
         if fields is not None:
             meta = obj["metadata"]
             wanted[(meta.get("namespace", ""), meta["name"])] = fields
+
+
+def replace_pods(wanted: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The pod cache becomes ``wanted``: rows written in bulk, and only those that differ (a
+    thousand-node cluster relists tens of thousands of pods at every start)."""
+    wanted = dict(wanted)
     columns = ["uid", "node_name", "phase", "resources", "deleting"]
     gone, changed = [], []
     for row in Pod.objects.all().only("pk", "namespace", "name", *columns).iterator(BATCH):
@@ -161,6 +176,8 @@ class Controller:
             api_client, namespace, owner="controller", timeout_seconds=timeout_seconds
         )
         self.live = Coalescer()
+        # Slot usage history for the dashboard's charts (agent.usage), sampled while leading.
+        self.usage = UsageSampler()
         core = client.CoreV1Api(api_client)
         self.pods = ResourceWatcher(
             owner="controller",
@@ -168,6 +185,8 @@ class Controller:
             list_func=core.list_pod_for_all_namespaces,
             on_event=self._pod_event,
             on_relist=self._pod_relist,
+            on_page=self._pod_page,
+            on_relist_end=self._pod_relist_end,
             api_client=api_client,
             to_dict=True,
             timeout_seconds=timeout_seconds,
@@ -182,6 +201,7 @@ class Controller:
             to_dict=True,
             timeout_seconds=timeout_seconds,
         )
+        self._listed_pods: dict[tuple[str, str], dict[str, Any]] = {}  # a relist so far
         self._threads: list[threading.Thread] = []
         # Queue charges (agent/queues): DRA and queue-system watches, fed our pods and Instances.
         self.queues = None
@@ -213,9 +233,11 @@ class Controller:
         if self.queues is not None:
             self.sync.subscribe(self._queues_sync)
             self.queues.start()
+        self.usage.start()
         return self
 
     def stop(self) -> None:
+        self.usage.stop()
         self.sync.unsubscribe(self._on_sync)
         if self.queues is not None:
             self.sync.unsubscribe(self._queues_sync)
@@ -252,6 +274,21 @@ class Controller:
         replace_all_pods(items)
         if self.queues is not None:
             self.queues.pod_relist(items)
+        close_old_connections()
+
+    def _pod_page(self, items: list[dict[str, Any]]) -> None:
+        """A page of a pod relist: only what the caches keep of it is held until the end."""
+        collect_pods(self._listed_pods, items)
+        if self.queues is not None:
+            self.queues.pod_page(items)
+
+    def _pod_relist_end(self, names: set[str], listed_rv: str = "") -> None:
+        # Pods reach the cache only through this watch, which resumes after the list: unlike
+        # Instances, nothing newer than the list's snapshot can be in it yet.
+        wanted, self._listed_pods = self._listed_pods, {}
+        replace_pods(wanted)
+        if self.queues is not None:
+            self.queues.pod_relist_end()
         close_old_connections()
 
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:

@@ -7,8 +7,10 @@ have shown; they are never the authority for a claim. History rows (``SlotEvent`
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 
 
 class Configuration(models.Model):
@@ -65,10 +67,26 @@ class Instance(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["namespace", "name"], name="uniq_instance"),
         ]
+        # The slot map's order: a page of a 40,000-Instance cache is read, not sorted.
+        indexes = [
+            models.Index(
+                fields=["configuration_name", "namespace", "name"], name="instance_map_order"
+            )
+        ]
         ordering = ["namespace", "name"]
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def visible_to(node: str) -> models.Q:
+    """Instances whose ``nodes`` list ``node``. On PostgreSQL a JSON containment, which the
+    GIN index on ``nodes`` answers (a camera every node sees lists a thousand names: a text
+    search over 40,000 such lists took seconds); elsewhere the JSON text holds each name
+    quoted, a portable "node in nodes"."""
+    if connection.features.supports_json_field_contains:
+        return models.Q(nodes__contains=[node])
+    return models.Q(nodes__icontains=json.dumps(node))
 
 
 class Slot(models.Model):
@@ -267,6 +285,9 @@ class SyncState(models.Model):
     resource_version = models.CharField(max_length=64, blank=True)
     relists = models.PositiveIntegerField(default=0)
     synced_at = models.DateTimeField(null=True, blank=True)
+    # Set while a relist is being written page by page: the cache serves what it has so far,
+    # and the pages say the counts are partial.
+    listing_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -300,3 +321,62 @@ class AuditEntry(models.Model):
         return (
             f"{self.at:%Y-%m-%d %H:%M} {self.username} {self.action} {self.target}: {self.outcome}"
         )
+
+
+class UsageSample(models.Model):
+    """Slot counts of one Configuration at one minute, cluster-wide or as one node sees them.
+
+    ``node`` "" is the Configuration's whole count (each slot once). A row per node counts the
+    slots that node holds, and the free and foreign slots of the Instances it sees (a shared
+    Instance's free slot counts on every node that sees it). Written by ``agent.usage``; the
+    latest sample of a minute replaces the earlier ones, so the table holds one row per
+    Configuration x node per minute. Pruned after ``AKRI_USAGE_HISTORY_HOURS``.
+    """
+
+    minute = models.BigIntegerField()  # Unix time // 60: integer buckets group the same in SQL
+    namespace = models.CharField(max_length=253)
+    configuration = models.CharField(max_length=253)
+    node = models.CharField(max_length=253, blank=True)
+    held = models.PositiveIntegerField(default=0)
+    free = models.PositiveIntegerField(default=0)
+    foreign = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "configuration", "namespace", "node"], name="uniq_usage_sample"
+            ),
+        ]
+        # The charts read one node ("" = whole cluster) over a time range, or one
+        # Configuration's cluster-wide rows: each a range scan on one of these.
+        indexes = [
+            models.Index(fields=["node", "minute"]),
+            models.Index(fields=["configuration", "node", "minute"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute} {self.configuration}@{self.node or 'cluster'}: {self.held} held"
+
+
+class ReleaseSample(models.Model):
+    """Release latencies of one node in one minute: pod seen gone -> its slot free.
+
+    The agent's reconciler adds to its node's row as it releases (the same figure as the
+    ``akri_release_latency_seconds`` histogram); a count, a sum and a maximum per minute are
+    enough for the chart's mean and worst line and stay one row per node per minute.
+    """
+
+    minute = models.BigIntegerField()
+    node = models.CharField(max_length=253)
+    releases = models.PositiveIntegerField(default=0)
+    total_ms = models.FloatField(default=0)
+    max_ms = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "minute"], name="uniq_release_sample"),
+        ]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"{self.minute} {self.node}: {self.releases} releases"

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django (static files by whitenoise), websockets through Channels."""
+"""ASGI entry point: HTTP through Django (static files by whitenoise; the admission webhook
+ahead of it), websockets through Channels."""
 
 import os
 
@@ -11,12 +12,14 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from agent.queues.fastpath import WebhookApp  # noqa: E402
 from akri_site.dashboard.origin import SameOriginValidator  # noqa: E402
 from akri_site.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # The admission webhook is answered ahead of Django (agent.queues.fastpath).
+        "http": WebhookApp(django_asgi_app),
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -40,13 +40,13 @@ ALLOWED_HOSTS = env.words("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "
 CSRF_TRUSTED_ORIGINS = env.words("CSRF_TRUSTED_ORIGINS", [])
 
 # The node agent (``runagent``, a DaemonSet on every node) serves no HTTP: without daphne it
-# does not load Twisted and friends, some 40 MB of every agent's memory.
+# does not load Twisted and friends, some 40 MB of every agent's memory; without the admin,
+# sessions, REST framework, Channels and the dashboard, and with no URLs to check, some 3 MB
+# more. Its database holds the cluster model only (its own migrations need these apps' none).
 _WEB = not env.boolean("AKRI_AGENT_ONLY", False)
-INSTALLED_APPS = [
-    *(["daphne"] if _WEB else []),
+_WEB_APPS = [
+    "daphne",
     "django.contrib.admin",
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
@@ -56,12 +56,32 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",  # per-user tokens for the JSON API (issue 17)
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "akri_site.dashboard",
+]
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "csp",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/docs/, served as our static files
     "agent",
     "agent.brokers",
     "agent.scheduling",
     "agent.queues",
     "akri_site.dashboard",
 ]
+if not _WEB:
+    INSTALLED_APPS = [app for app in INSTALLED_APPS if app not in _WEB_APPS]
 
 # Small deployments and the demo serve /static themselves (whitenoise); behind an ingress that
 # serves the collectstatic output, turn this off.
@@ -83,7 +103,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "akri_site.urls"
+ROOT_URLCONF = "akri_site.urls" if _WEB else "akri_site.agent_urls"
 ASGI_APPLICATION = "akri_site.asgi.application"
 WSGI_APPLICATION = "akri_site.wsgi.application"
 
@@ -172,6 +192,8 @@ LOGOUT_REDIRECT_URL = "/accounts/login/?signed_out=1"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env.string("TIME_ZONE", "UTC")
 USE_I18N = True
+# The admin shows dates in the dashboard's one format (akri_site/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["akri_site.formats"]
 USE_TZ = True
 
 STATIC_URL = "static/"
@@ -221,6 +243,12 @@ CONTENT_SECURITY_POLICY = {
         "frame-ancestors": ["'none'"],
     }
 }
+# /api/docs/: Swagger UI from drf-spectacular-sidecar's static files, never from a CDN.
+SPECTACULAR_SETTINGS = {
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
 # Password reset needs mail: its pages exist only when EMAIL_HOST is set.
 EMAIL_HOST = env.string("EMAIL_HOST", "")
 EMAIL_PORT = env.integer("EMAIL_PORT", 587, minimum=1, maximum=65535)
@@ -264,6 +292,10 @@ AKRI = {
     # Hours a reconciliation run that changed nothing stays in the history. Runs that released,
     # restored or hit a conflict or error are kept (they are the history operators read).
     "RUN_RETENTION_HOURS": env.number("AKRI_RUN_RETENTION_HOURS", 48.0, minimum=0.01),
+    # Slot usage and release latency charts (agent.usage): the controller samples this often
+    # into one row per Configuration x node per minute, kept this long (the 7 d range needs 168).
+    "USAGE_SAMPLE_SECONDS": env.number("AKRI_USAGE_SAMPLE_SECONDS", 60.0, minimum=1),
+    "USAGE_HISTORY_HOURS": env.number("AKRI_USAGE_HISTORY_HOURS", 192.0, minimum=1),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
     # An open websocket checks its session and role again this often (and on every frame).

@@ -15,13 +15,16 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from channels.testing import ChannelsLiveServerTestCase
 from daphne.testing import DaphneProcess
 from django.conf import settings
+from django.test import override_settings
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -35,6 +38,22 @@ CHROMIUM_ARGS = [
 ]
 REDIS_URL = os.environ.get("AKRI_TEST_REDIS_URL", "")
 _SPAWN = multiprocessing.get_context("spawn")
+
+
+def on_redis_channel_layer(prefix: str) -> Any:
+    """Class decorator: a browser test class on the test Redis's channel layer, under a prefix
+    of its own (other test runs may share this Redis), skipped when no Redis was given."""
+    layer = {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{prefix}-{uuid.uuid4().hex[:8]}"},
+    }
+
+    def decorate(cls: type) -> type:
+        cls = override_settings(CHANNEL_LAYERS={"default": layer})(cls)
+        reason = "needs AKRI_TEST_REDIS_URL (scripts/test sets it)"
+        return pytest.mark.skipif(not REDIS_URL, reason=reason)(cls)
+
+    return decorate
 
 
 class SpawnedDaphneProcess(DaphneProcess):
@@ -106,9 +125,8 @@ class BrowserLiveServerCase(ChannelsLiveServerTestCase):
 
     def new_context(self, **options: Any) -> Any:
         """A fresh browser context (cookies, theme) with the tests' defaults."""
-        context = self.browser.new_context(
-            timezone_id="UTC", viewport={"width": 1400, "height": 900}, **options
-        )
+        options = {"timezone_id": "UTC", "viewport": {"width": 1400, "height": 900}, **options}
+        context = self.browser.new_context(**options)
         context.set_default_timeout(10_000)
         return context
 

@@ -23,7 +23,7 @@ from agent.discovery.debugecho import DebugEchoHandler, set_availability
 from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
-from agent.models import SlotEvent, SlotPodBinding
+from agent.models import Instance, SlotEvent, SlotPodBinding
 from agent.node.agent import NodeAgent
 from agent.node.instances import DesiredInstance, InstanceWriter
 from agent.protos import deviceplugin_pb2 as dp
@@ -572,3 +572,47 @@ def test_broker_properties_enforce_the_configuration_and_never_fight_over_device
         "NEW": "n",
     }
     assert desired.broker_properties == {"URL": "b", "NEW": "n", "SITE": "x"}
+
+
+def test_instances_created_while_a_relist_is_under_way_stay_in_the_agents_view(kube):
+    """A relist's snapshot can miss an Instance this node creates while the pages come in;
+    the node's own answer reaches the cache before the relist ends. The relist's end must
+    not take it from the cache or from the agent's view: the watch's echo carries the same
+    version, so the view would never take it back, and the node would serve no plugin for
+    it (seen once as a Configuration plugin listing 98 of 100 devices)."""
+    cluster = AgentCluster(kube, nodes=("node-a",))
+    node = cluster["node-a"]
+    node.set_available(False)
+    cluster.start()
+    try:
+        cluster.api.create_configuration(configuration_body())
+        watcher = cluster.sync.instances
+        real_list = watcher.list_func
+        created: list[bool] = []
+
+        def list_then_discover(*args, **kwargs):
+            # The snapshot is taken, empty; then the devices appear and the agent creates
+            # their Instances before this page (and so the relist's end) reaches the cache.
+            answer = real_list(*args, **kwargs)
+            if not created:
+                created.append(True)
+                node.set_available(True)
+                cluster.wait_for(
+                    lambda: {FOO0, FOO1} <= node.agent.view.instance_names(),
+                    message="both Instances in the agent's view",
+                )
+            return answer
+
+        watcher.list_func = list_then_discover
+        relists = watcher.relists
+        watcher.relist_soon()
+        cluster.wait_for(lambda: watcher.relists > relists, timeout=15, message="the relist")
+        assert cluster.sync.drain()  # its end applied, and the watch's echoes after it
+        kubelet = node.kubelet
+        for name in (FOO0, FOO1):
+            kubelet.wait_devices(f"akri.sh/{name}", lambda d: len(healthy(d)) == 2)
+        kubelet.wait_devices(f"akri.sh/{CONFIG}", lambda d: len(healthy(d)) == 2)
+        assert {FOO0, FOO1} <= node.agent.view.instance_names()
+        assert set(Instance.objects.values_list("name", flat=True)) == {FOO0, FOO1}
+    finally:
+        cluster.stop()

@@ -111,6 +111,9 @@ def test_the_pod_finisher_stops_a_terminating_pod_in_its_kubelet_then_deletes_it
         kube.wait_for(
             lambda: not core.list_namespaced_pod(ns).items, message="the pod gone from the API"
         )
+        # The finisher counts once its grace-0 delete has answered, which can be just after
+        # the list above no longer shows the pod.
+        kube.wait_for(lambda: finisher.finished == 1, message="the finisher to count the pod")
         assert finisher.finished == 1
     finally:
         finisher.stop()

@@ -34,6 +34,7 @@ KEYS = {
     "sweep": {"duration_ms", "first_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
+    "history": {"server_ms", "rows", "points"},
     "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},

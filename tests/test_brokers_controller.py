@@ -9,11 +9,12 @@ import pytest
 
 from agent.brokers.controller import BrokerController
 from agent.brokers.models import Broker
-from agent.models import Instance
+from agent.models import Configuration, Instance
 
 pytestmark = pytest.mark.django_db
 
 NS = "default"
+BROKERED = {"capacity": 2, "brokerSpec": {"brokerPodSpec": {"containers": [{"name": "b"}]}}}
 
 
 class Recorder:
@@ -76,12 +77,28 @@ def test_an_instance_change_that_matters_to_brokers_enqueues_it_and_a_slot_chang
     controller,
 ):
     c, sent = controller
+    Configuration.objects.create(namespace=NS, name="cams", spec=BROKERED)
     c._on_sync("instance", "cams-8120fe", instance_obj())
     c._on_sync("instance", "cams-8120fe", instance_obj(usage={"cams-8120fe-0": "node-a"}))
     c._on_sync("instance", "cams-8120fe", instance_obj(nodes=("node-a", "node-b")))
     c._on_sync("instance", "cams-8120fe", None)
 
     assert sent.sent == [("instance", "cams", "cams-8120fe")] * 3
+
+
+def test_an_instance_of_a_configuration_without_brokers_enqueues_nothing(controller):
+    c, sent = controller
+    Configuration.objects.create(namespace=NS, name="cams", spec={"capacity": 2})
+    c._on_sync("instance", "cams-8120fe", instance_obj())
+    c._on_sync("instance", "cams-8120fe", None)
+    assert sent.sent == []
+
+    # Brokers left over from an earlier brokerSpec still need their runs (they remove them).
+    Broker.objects.create(namespace=NS, kind="Pod", name="x", configuration="cams")
+    c._on_sync("configuration", "", None)  # a relist: what is known is looked up afresh
+    sent.sent.clear()
+    c._on_sync("instance", "cams-8120fe", instance_obj(uid="u2"))
+    assert sent.sent == [("instance", "cams", "cams-8120fe")]
 
 
 def test_a_configuration_change_enqueues_it_and_its_instances_and_a_relist_every_one(controller):
@@ -136,9 +153,12 @@ def test_a_relist_of_broker_pods_drops_rows_of_pods_gone(controller):
 
 def test_starting_enqueues_what_the_cache_already_holds(controller):
     c, sent = controller
+    Configuration.objects.create(namespace=NS, name="cams", spec=BROKERED)
     Instance.objects.create(namespace=NS, name="cams-8120fe", configuration_name="cams")
+    Instance.objects.create(namespace=NS, name="plain-000001", configuration_name="plain")
     c.watchers = []  # no watch threads in this test
 
     c.start()
 
-    assert sent.sent == [("instance", "cams", "cams-8120fe")]
+    # The Instance without brokers is left alone; the relist pass covers the Configuration.
+    assert sent.sent == [("instance", "cams", "cams-8120fe"), ("configuration", "cams")]

@@ -8,18 +8,16 @@ always sets).
 from __future__ import annotations
 
 import re
-import uuid
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.test import override_settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
 from agent.models import Slot
 from akri_site.dashboard import live
 from akri_site.dashboard.sample import make_cluster
-from tests.browser import ARTIFACTS, REDIS_URL, BrowserLiveServerCase
+from tests.browser import ARTIFACTS, BrowserLiveServerCase, on_redis_channel_layer
 
 INSTANCE = "akri-onvif-000000"
 
@@ -87,12 +85,12 @@ class DashboardInBrowserTests(BrowserCase):
 
         page.get_by_role("link", name=f"Release {INSTANCE}-0…").click()
 
-        expect(page.get_by_role("heading", name="Release slots?")).to_be_visible()
+        expect(page.get_by_role("heading", name=f"Release slot {INSTANCE}-0?")).to_be_visible()
         expect(page.get_by_text("held by a pod that still runs")).to_be_visible()
         expect(page.get_by_role("link", name="Cancel")).to_be_focused()
         self.shot("release-confirmation")
         page.keyboard.press("Enter")  # Enter on the focused control: Cancel
-        expect(page).to_have_url(re.compile(r"/admin/agent/slot/$"))
+        expect(page).to_have_url(re.compile(r"/slots/\?configuration=akri-onvif$"))
         assert Slot.objects.get(key=f"{INSTANCE}-0").value == "node-a"
 
     def test_the_overview_shows_totals_and_alerts(self):
@@ -134,16 +132,7 @@ class DashboardInBrowserTests(BrowserCase):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not REDIS_URL, reason="needs AKRI_TEST_REDIS_URL (scripts/test sets it)")
-@override_settings(
-    CHANNEL_LAYERS={
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # A prefix of its own: other test runs may share this Redis.
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"akri-browser-{uuid.uuid4().hex[:8]}"},
-        }
-    }
-)
+@on_redis_channel_layer("akri-browser")
 class LiveUpdatesInBrowserTests(BrowserCase):
     def test_a_slot_taken_elsewhere_appears_without_a_reload(self):
         self.sign_in_as("viewer")

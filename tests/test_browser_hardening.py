@@ -68,3 +68,15 @@ class ContentSecurityPolicyInBrowserTests(BrowserLiveServerCase):
 
         expect(self.page.locator("#live-mark")).to_have_text(re.compile("Not live: signed out"))
         assert self.violations == []
+
+    def test_the_queues_page_socket_closed_for_a_signed_out_session_says_so_and_stops(self):
+        user = User.objects.create_user("q-viewer")
+        user.groups.add(Group.objects.get(name="viewer"))
+        client = self.sign_in(self.context, user)
+        self.page.goto(f"{self.live_server_url}/queues/")
+        expect(self.page.locator("#live-mark")).to_contain_text("Live")
+
+        client.logout()
+
+        expect(self.page.locator("#live-mark")).to_have_text(re.compile("Not live: signed out"))
+        assert self.violations == []

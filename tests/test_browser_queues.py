@@ -4,16 +4,13 @@ figure updated in place when a recompute publishes (Redis shared with the server
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.contrib.auth.models import Group, User
-from django.test import override_settings
 from playwright.sync_api import expect
 
 from agent.queues import history, live, recompute
 from agent.queues.models import QueuePod, ResourceClaim
-from tests.browser import ARTIFACTS, REDIS_URL, BrowserLiveServerCase
+from tests.browser import ARTIFACTS, BrowserLiveServerCase, on_redis_channel_layer
 
 LABEL = "akri-site.io/queue"
 
@@ -51,15 +48,7 @@ def fill() -> None:
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not REDIS_URL, reason="needs AKRI_TEST_REDIS_URL (scripts/test sets it)")
-@override_settings(
-    CHANNEL_LAYERS={
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"akri-browser-{uuid.uuid4().hex[:8]}"},
-        }
-    }
-)
+@on_redis_channel_layer("akri-browser")
 class QueuesPageInBrowserTests(BrowserLiveServerCase):
     def setUp(self):
         fill()

@@ -130,3 +130,17 @@ def test_a_pod_relist_keeps_the_cache_equal_to_the_list_and_rewrites_only_change
     assert moved.phase == "Succeeded" and moved.updated_at > same_at
     assert Pod.objects.get(name="new").node_name == "node-b"
     assert Pod.objects.get(name="new").resources == {"akri.sh/cams": 1}
+
+
+def test_the_end_of_a_relist_keeps_what_is_newer_than_its_list():
+    """An answer to our own write applied while the pages came in (an Instance created
+    after the list's snapshot) is not gone; one the list should have shown is."""
+    cache.replace_all_instances("default", [listed("old", "5"), listed("stale", "6")])
+    cache.apply_instance(listed("made-meanwhile", "12"), direct=True)
+
+    removed = cache.remove_unlisted("default", {"old"}, listed_rv="10")
+
+    assert removed == ["stale"]
+    assert set(Instance.objects.values_list("name", flat=True)) == {"old", "made-meanwhile"}
+    # Opaque versions say nothing about order: the list is taken at its word.
+    assert cache.remove_unlisted("default", {"old"}, listed_rv="abc") == ["made-meanwhile"]

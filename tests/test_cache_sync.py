@@ -132,8 +132,9 @@ def test_it_relists_when_the_version_is_too_old(api, kube):
     try:
         kube.wait_for(lambda: sync.instances.relists >= 1)
         kube.wait_for(lambda: Slot.objects.filter(key="cams-d46b65-0", value="c").exists())
-        # The relist is the truth: what it no longer has is gone from the cache.
-        assert not Instance.objects.filter(name="ghost-000000").exists()
+        # The relist is the truth: what it no longer has is gone from the cache once its
+        # last page is in (pages are written as they come; the end removes the rest).
+        kube.wait_for(lambda: not Instance.objects.filter(name="ghost-000000").exists())
     finally:
         sync.stop()
         kube.simulator.set_history_limit(10000)
@@ -251,3 +252,44 @@ def test_a_relist_reads_the_list_in_pages_and_keeps_every_instance(api, kube, mo
         ]
         assert len(lists) == 3  # 7 + 7 + 6
         assert all(r.query.get("limit") == "7" for r in lists)
+
+
+def test_a_relist_in_pages_mirrors_every_page_and_drops_what_it_no_longer_lists(
+    api, kube, monkeypatch
+):
+    from agent.kube import watch
+
+    # Three Instances a page: seven Instances make three pages, and the applier is never
+    # more than two pages behind the list (the watch thread waits for it).
+    monkeypatch.setattr(watch, "LIST_PAGE", 3)
+    names = [f"cams-{n:06x}" for n in range(7)]
+    for name in names:
+        api.create_instance(instance_body(name, 2, configuration="cams"))
+    Instance.objects.create(
+        namespace=kube.namespace, name="ghost-000000", configuration_name="cams"
+    )
+    seen: list[tuple[str, str]] = []
+    listing: list[bool] = []
+
+    def heard(kind, name, obj):
+        seen.append((kind, name))
+        if kind != "instance":
+            return
+        state = SyncState.objects.filter(owner="pages", kind=f"{kube.namespace}/instances")
+        listing.append(state.values_list("listing_since", flat=True).first() is not None)
+
+    sync = CacheSync(kube.new_client(), kube.namespace, owner="pages", timeout_seconds=5)
+    sync.subscribe(heard)
+    sync.start()
+    try:
+        assert sync.wait_synced()
+        assert sorted(Instance.objects.values_list("name", flat=True)) == names
+        assert Slot.objects.filter(instance__name__in=names).count() == 14
+        assert sync._pages_ahead._value == watch.RELIST_PAGES_AHEAD  # every page taken
+        # Subscribers hear of every listed Instance, then of the relist's end.
+        assert [n for k, n in seen if k == "instance"] == [*names, ""]
+        # Marked as listing while the pages came in (the dashboard says "syncing"), not after.
+        assert listing[0] is True
+        assert not SyncState.objects.filter(listing_since__isnull=False).exists()
+    finally:
+        sync.stop()

@@ -3,7 +3,13 @@ non-accounted resources, bad input, and the webhook's decisions."""
 
 from __future__ import annotations
 
-from agent.charges.admission import Joined, admit_owner_label, admit_pod, owner_label_patch
+from agent.charges.admission import (
+    ALLOW,
+    Joined,
+    admit_owner_label,
+    admit_pod,
+    owner_label_patch,
+)
 from agent.charges.facts import AKRI, DRA, ClaimFacts, PodFacts, QueueWorld, Settings
 from agent.charges.owner import (
     FIRST_BIND,
@@ -266,3 +272,125 @@ def test_the_label_waits_while_a_user_of_the_claim_is_not_known():
     )
     assert charge.owner == "a" and charge.write_label is None
     assert "slot gpu-0 held by node n1: pod not known yet" in " ".join(charge.problems)
+
+
+# --- KAI's top owner (as its PodGroup records it) -----------------------------------------------
+def kai_world(labels: dict[str, str], metadata: str = "kind: Job\nname: train-7\nuid: job-7\n"):
+    from agent.charges.topowner import from_podgroup
+
+    owner = from_podgroup(labels, {"kai.scheduler/top-owner-metadata": metadata})
+    return QueueWorld(
+        kai_top_owners_by_podgroup={("ml", "pg-7"): owner},
+        kai_top_owners_by_uid={owner.uid: owner},
+    )
+
+
+def test_the_top_owner_named_by_the_pods_podgroup_gives_the_queue_before_the_pods_label():
+    world = kai_world({"kai.scheduler/queue": "team-b"})
+    pod = PodFacts(
+        "ml", "p", labels={"kai.scheduler/queue": "team-a"}, annotations={"pod-group-name": "pg-7"}
+    )
+    found = resolve(pod, world, ("kai", "default"))
+    assert found.queue == "team-b"
+    assert found.why == "top owner Job train-7 label kai.scheduler/queue=team-b"
+
+
+def test_a_pod_owned_by_the_top_owner_finds_it_by_uid_before_it_is_annotated():
+    world = kai_world({"kai.scheduler/preemptibility": "non-preemptible"})
+    pod = PodFacts("ml", "p", priority=10, owner_uids=("rs-1", "job-7"))
+    verdict = preemptibility(pod, world)
+    assert verdict.preemptible is False
+    assert verdict.why == "top owner Job train-7 kai.scheduler/preemptibility=non-preemptible"
+
+
+def test_a_pod_whose_owner_kai_has_not_grouped_yet_uses_its_own_labels():
+    world = kai_world({"kai.scheduler/queue": "team-b"})
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-a"}, owner_uids=("other",))
+    assert resolve(pod, world, ("kai",)).queue == "team-a"
+
+
+def test_the_legacy_top_owner_annotation_and_odd_yaml_are_read_leniently():
+    from agent.charges.topowner import from_podgroup, parse_metadata
+
+    assert parse_metadata("group: ''\nkind: \"PyTorchJob\"\n  nested: x\nname: t\nuid: u") == {
+        "group": "",
+        "kind": "PyTorchJob",
+        "name": "t",
+        "uid": "u",
+    }
+    owner = from_podgroup({"a": "b"}, {"run.ai/top-owner-metadata": "kind: Job\nuid: u\n"})
+    assert (owner.shown, owner.uid, dict(owner.labels)) == ("Job ?", "u", {"a": "b"})
+    assert from_podgroup({"a": "b"}, {}) is None
+
+
+# --- Configuration-level requests ---------------------------------------------------------------
+def cl(count: int, unique: bool = True, accounted: bool = True):
+    """Configuration cam: Instances cam-a (team-a's), cam-b, cam-c, two slots each."""
+    from agent.charges.admission import cl_request
+
+    instances = {"cam-a": 2, "cam-b": 2, "cam-c": 2}
+    return cl_request("cam", count, unique, instances, {"cam-a": "team-a"}, accounted)
+
+
+def test_a_cl_request_fits_on_open_instances_and_is_allowed_with_a_warning():
+    from agent.charges.admission import admit_pod as admit
+
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-b"}, priority=500)
+    verdict = admit(pod, [], QueueWorld(), Settings(), [cl(2)])
+    assert verdict.allowed is True
+    assert "must not be given cam-a (queue team-a) (rule: resource locking)" in verdict.warnings[0]
+
+
+def test_a_cl_request_that_needs_a_closed_instance_is_refused_naming_it():
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-b"}, priority=500)
+    verdict = admit_pod(pod, [], QueueWorld(), Settings(), [cl(3)])
+    assert verdict.allowed is False and verdict.rule == "resource locking"
+    assert verdict.owner == "team-a" and verdict.claim == "Configuration cam (akri.sh/cam: 3)"
+    assert "only 2 distinct Instances of it are open to it: cam-a (queue team-a)" in (
+        verdict.message
+    )
+
+
+def test_packing_counts_the_slots_left_open():
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-b"})
+    world = QueueWorld(opted_out=frozenset({"team-a"}))
+    assert admit_pod(pod, [], world, Settings(), [cl(4, unique=False)]).allowed is True
+    refused = admit_pod(pod, [], world, Settings(), [cl(5, unique=False)])
+    assert refused.allowed is False and refused.rule == "opt-out"
+    assert "only 4 slots" in refused.message
+
+
+def test_a_cl_request_of_the_owners_queue_or_an_unaccounted_one_is_not_checked():
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-a"}, priority=500)
+    assert admit_pod(pod, [], QueueWorld(), Settings(), [cl(3)]) == ALLOW
+    other = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-b"}, priority=500)
+    assert admit_pod(other, [], QueueWorld(), Settings(), [cl(3, accounted=False)]) == ALLOW
+
+
+def test_a_large_configurations_closed_instances_are_counted_and_a_few_named():
+    from agent.charges.admission import cl_request
+
+    instances = {f"cam-{i:04d}": 1 for i in range(2000)}
+    owners = {f"cam-{i:04d}": "team-a" for i in range(1500)}
+    request = cl_request("cam", 501, True, instances, owners, True)
+    assert len(request.owned) == 1 and request.owned[0].instances == 1500
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-b"}, priority=500)
+    refused = admit_pod(pod, [], QueueWorld(), Settings(), [request])
+    assert refused.allowed is False
+    assert "only 500 distinct Instances" in refused.message
+    assert "cam-0004 (queue team-a) and 1495 more are owned" in refused.message
+
+
+def test_a_cl_refusal_names_both_rules_when_both_close_instances():
+    from agent.charges.admission import cl_request
+
+    instances = {"cam-a": 1, "cam-b": 1, "cam-c": 1}
+    request = cl_request("cam", 2, True, instances, {"cam-a": "team-a", "cam-b": "team-c"}, True)
+    pod = PodFacts("ml", "p", labels={"kai.scheduler/queue": "team-b"}, priority=500)
+    world = QueueWorld(opted_out=frozenset({"team-c"}))
+    refused = admit_pod(pod, [], world, Settings(), [request])
+    assert refused.allowed is False and refused.rule == "opt-out, resource locking"
+    assert (
+        "cam-a (queue team-a), cam-b (queue team-c) are owned by queues that do not share or "
+        "by other queues and the pod is non-preemptible, priority 500 >= 100" in refused.message
+    )

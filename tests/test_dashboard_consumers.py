@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agent.metrics import WEBSOCKET_CLIENTS
-from agent.models import Instance, ReconcileRun, Slot
+from agent.models import AuditEntry, Instance, ReconcileRun, Slot
 from akri_site.asgi import application
 from akri_site.dashboard import live
 from akri_site.dashboard.consumers import LiveConsumer
@@ -66,6 +66,44 @@ def take_slot(key: str, node: str) -> Instance:
         value=node, level="IL", holder_node=node, since=timezone.now()
     )
     return slot.instance
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_socket_on_one_page_of_a_large_map_gets_only_that_pages_rows(viewer, settings):
+    from akri_site.dashboard import slotmap
+
+    make_cluster(instances=7, capacity=2)
+    names = sorted(Instance.objects.values_list("name", flat=True))
+
+    async def scenario():
+        communicator = socket(viewer, "page=2")
+        assert (await communicator.connect())[0]
+        snapshot = await communicator.receive_json_from()
+        assert snapshot["page"] == 2
+        assert [row["name"] for row in snapshot["instances"]] == names[3:6]
+
+        # A change on page 1 is not this socket's; one on page 2 is.
+        for name in (names[0], names[4]):
+            pk = await database_sync_to_async(lambda n=name: take_slot(f"{n}-1", "node-b").pk)()
+            await database_sync_to_async(live.publish_instances)([pk])
+        off_page, on_page = [await communicator.receive_json_from() for _ in range(2)]
+        assert off_page["instances"] == [] and off_page["html"] == {}
+        assert off_page["summary"]["totals"]["held"] > 0  # the totals still follow
+        assert [row["name"] for row in on_page["instances"]] == [names[4]]
+        await communicator.disconnect()
+
+    original = slotmap.PAGE
+    slotmap_page(3)
+    try:
+        run(scenario)
+    finally:
+        slotmap_page(original)
+
+
+def slotmap_page(n: int) -> None:
+    from akri_site.dashboard import consumers, slotmap
+
+    slotmap.PAGE = consumers.PAGE = n
 
 
 def test_anonymous_users_are_refused_before_the_handshake(cluster):
@@ -189,6 +227,24 @@ def test_removed_instances_and_runs_are_published(cluster, viewer):
     run(scenario)
 
 
+def test_a_new_audit_entry_is_published_as_an_audit_delta(cluster, viewer):
+    async def scenario():
+        communicator = socket(viewer)
+        assert (await communicator.connect())[0]
+        first = await communicator.receive_json_from()
+        assert "audit" not in first
+
+        await database_sync_to_async(AuditEntry.objects.create)(
+            at=timezone.now(), username="olga", action="release_slot", target="x", outcome="done"
+        )
+        delta = await communicator.receive_json_from()
+        assert delta["type"] == "delta" and delta["audit"] is True
+        assert delta["instances"] == [] and delta["runs"] == []
+        await communicator.disconnect()
+
+    run(scenario)
+
+
 def test_a_delta_that_no_longer_matches_the_filters_removes_the_row(cluster, viewer):
     async def scenario():
         communicator = socket(viewer)
@@ -295,12 +351,15 @@ def test_a_garbage_frame_closes_that_socket_only(cluster, viewer, frame, error):
     run(scenario)
 
 
-def test_bad_filters_in_the_url_close_the_socket_with_a_reason(cluster, viewer):
+@pytest.mark.parametrize(
+    ("query", "field"), [("state=bogus", "state"), ("page=abc", "page"), ("page=0", "page")]
+)
+def test_bad_filters_in_the_url_close_the_socket_with_a_reason(cluster, viewer, query, field):
     async def scenario():
-        communicator = socket(viewer, "state=bogus")
+        communicator = socket(viewer, query)
         assert (await communicator.connect())[0]
         answer = await communicator.receive_json_from()
-        assert answer["type"] == "error" and "state" in answer["error"]
+        assert answer["type"] == "error" and field in answer["error"]
         closed = await communicator.receive_output()
         assert closed["code"] == 4400 and closed["reason"].startswith("bad filters")
 
@@ -373,6 +432,31 @@ def test_the_coalescer_sends_a_lone_change_at_once_and_a_burst_once_per_window()
     assert sorted(batch["instances"]) == list(range(20))
     assert batch["removed"] == ["default/gone"] and batch["runs"] == [7]
     assert 0.09 <= at - first_at < 1.0
+
+
+def test_the_coalescer_spaces_slow_deliveries_by_three_times_their_cost():
+    # At 40,000 Instances one delivery reads and counts for hundreds of milliseconds: the
+    # feed must not spend more than a third of its time on it while changes keep coming.
+    calls: list[float] = []
+
+    def slow_send(**batch):
+        calls.append(time.monotonic())
+        time.sleep(0.2)
+
+    coalescer = live.Coalescer(window_ms=10, send=slow_send).start()
+    try:
+        deadline = time.monotonic() + 1.5
+        n = 0
+        while time.monotonic() < deadline:
+            coalescer.add([n])
+            n += 1
+            time.sleep(0.005)
+        steady = list(calls)  # stopping sends what is pending at once
+    finally:
+        coalescer.stop(flush=False)
+    gaps = [b - a for a, b in zip(steady, steady[1:], strict=False)]
+    assert len(steady) >= 2
+    assert min(gaps) >= 0.55  # 3 x 0.2 s, less scheduling slack; 0.21 without the rule
 
 
 @pytest.mark.django_db(transaction=False)

@@ -88,7 +88,7 @@ def test_slot_map_marks_a_slot_whose_pod_is_not_known_and_offers_its_release(log
     assert "stuck" in stuck.split(">", 1)[0]  # the cell's class
     assert "⚑</span> stuck: pod not known past the grace period" in stuck
     assert "pod not known yet" not in stuck  # the mark says it
-    assert f'href="/admin/agent/slot/{slot.pk}/release/"' in stuck
+    assert f'href="/slots/{slot.pk}/release/?back=state%3Dno-pod"' in stuck
     # The held slot with a known pod is shown beside it, not marked.
     assert "stuck:" not in cell(page, f"{FIRST}-0")
     # node-b's slots are not in a map here: its pods cannot be known, so they are not stuck.

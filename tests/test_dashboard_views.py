@@ -189,8 +189,9 @@ def test_slot_map_filters_by_state_node_and_configuration(login, cluster):
 
 def test_slot_map_finds_the_slots_of_a_pod(login, cluster):
     client = login("viewer")
-    # Each pod on the map links to the map of its slots.
-    assert 'href="/slots/?pod=apps/work-3"' in client.get("/slots/").content.decode()
+    # Each pod on the map links to its page, which links to the map of its slots.
+    assert 'href="/pods/apps/work-3/"' in client.get("/slots/").content.decode()
+    assert 'href="/slots/?pod=apps/work-3"' in client.get("/pods/apps/work-3/").content.decode()
 
     page = client.get("/slots/?pod=apps/work-3").content.decode()
     assert page.count("<tr data-instance=") == 1
@@ -260,9 +261,21 @@ def test_release_links_are_shown_to_operators_only(login, cluster):
 
     page = login("operator").get("/slots/").content.decode()
     slot = Slot.objects.get(key=f"{INSTANCE}-0")
-    assert f'href="/admin/agent/slot/{slot.pk}/release/"' in page
+    assert f'href="/slots/{slot.pk}/release/"' in page
     free = Slot.objects.get(key=f"{INSTANCE}-3")
-    assert f"/admin/agent/slot/{free.pk}/release/" not in page
+    assert f"/slots/{free.pk}/release/" not in page
+
+
+def test_a_small_slot_map_shows_no_summary(login, cluster):
+    assert "Slots per Configuration" not in login("viewer").get("/slots/").content.decode()
+
+
+def test_a_slot_map_larger_than_a_page_opens_on_the_summary_and_pages(login):
+    make_cluster(instances=250, capacity=2, configuration="big-cams")
+    second = login("viewer").get("/slots/?page=2").content.decode()
+    assert "Slots per Configuration" in second
+    assert 'href="?configuration=big-cams"' in second
+    assert second.count("<tr data-instance=") == 250 - 200
 
 
 def test_slot_map_of_2000_instances_renders_fast_in_a_fixed_number_of_queries(login):
@@ -276,7 +289,12 @@ def test_slot_map_of_2000_instances_renders_fast_in_a_fixed_number_of_queries(lo
         elapsed = time.perf_counter() - started
 
     assert response.status_code == 200
-    assert response.content.count(b"<td data-slot=") == 8000
+    # A cache larger than one page opens on the summary, then the first page of rows.
+    body = response.content.decode()
+    assert "Slots per Configuration" in body
+    assert body.count("<td data-slot=") == 200 * 4
+    # Each Instance lists 20 nodes: its row names three and counts the rest.
+    assert 'node-0, node-1, node-2 <span class="meta">and 17 more</span>' in body
     assert len(queries) <= 20
     # Speed is the slotmap bench's (target 0.5 s); this bound only catches a per-row template
     # or query (seconds here), and is generous enough for a loaded CI machine.
@@ -336,15 +354,39 @@ def test_reconciliation_history_filters_by_scope_node_trigger_and_range(login, r
         body = client.get(f"/reconciliation/?{query}").content.decode()
         return {int(i) for i in re.findall(r'data-run="(\d+)"', body)}
 
-    assert ids("") == {run.pk, old.pk}
-    assert ids("range=1h") == {run.pk}
-    assert ids("scope=cluster") == {old.pk}
-    assert ids("node=node-a") == {run.pk}
-    assert ids("trigger=schedule") == {old.pk}
+    assert ids("show=all") == {run.pk, old.pk}
+    assert ids("show=all&range=1h") == {run.pk}
+    assert ids("show=all&scope=cluster") == {old.pk}
+    assert ids("show=all&node=node-a") == {run.pk}
+    assert ids("show=all&trigger=schedule") == {old.pk}
     assert ids("result=changed") == {run.pk}
+    assert ids("result=nothing") == {old.pk}
     start = (timezone.now() - timedelta(hours=4)).strftime("%Y-%m-%dT%H:%M")
     end = (timezone.now() - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
-    assert ids(f"start={start}&end={end}") == {old.pk}
+    assert ids(f"show=all&start={start}&end={end}") == {old.pk}
+
+
+def test_reconciliation_history_hides_runs_that_changed_nothing_until_asked(login, run):
+    quiet = ReconcileRun.objects.create(
+        scope="node", node="node-a", trigger="sweep", started_at=timezone.now()
+    )
+    failed = ReconcileRun.objects.create(
+        scope="node", node="node-a", trigger="sweep", started_at=timezone.now(), errors=1
+    )
+    client = login("viewer")
+
+    default = client.get("/reconciliation/")
+    everything = client.get("/reconciliation/?show=all")
+
+    assert default.status_code == 200 and everything.status_code == 200
+    shown = {int(i) for i in re.findall(r'data-run="(\d+)"', default.content.decode())}
+    assert shown == {run.pk, failed.pk}
+    assert "1 run that changed nothing is hidden" in default.content.decode()
+    assert 'href="?show=all"' in default.content.decode()
+    listed = {int(i) for i in re.findall(r'data-run="(\d+)"', everything.content.decode())}
+    assert listed == {run.pk, failed.pk, quiet.pk}
+    assert "Show only runs that did something" in everything.content.decode()
+    assert client.get("/reconciliation/?show=some").status_code == 400
 
 
 @pytest.mark.parametrize(
@@ -374,11 +416,11 @@ def test_reconciliation_history_paginates_newest_first(login):
     )
     client = login("viewer")
 
-    first = client.get("/reconciliation/").content.decode()
-    second = client.get("/reconciliation/?page=2").content.decode()
+    first = client.get("/reconciliation/?show=all").content.decode()
+    second = client.get("/reconciliation/?show=all&page=2").content.decode()
 
     assert first.count("<tr data-run=") == 50 and second.count("<tr data-run=") == 10
-    assert "Page 1 of 2 (60 in all)" in first and 'href="?page=2"' in first
+    assert "Page 1 of 2 (60 in all)" in first and 'href="?show=all&amp;page=2"' in first
     assert "Runs that changed nothing are kept for 48 hours" in first  # AKRI_RUN_RETENTION_HOURS
 
 
@@ -710,3 +752,70 @@ def test_overview_says_leaders_are_unknown_without_an_api_server(login, settings
     assert "unknown" in re.search(
         r'<tr data-leader="controller">.*?</tr>', response.content.decode(), re.S
     ).group(0)
+
+
+def test_a_costly_count_is_reused_for_a_few_times_its_cost_and_a_cheap_one_never():
+    from akri_site.dashboard.slotmap import CostlyReuse
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.06)
+        return {"n": len(calls)}
+
+    reuse = CostlyReuse(slow, factor=4)
+    first = reuse()
+    first["n"] = 99  # callers get copies: the kept answer is not theirs to change
+    assert reuse() == {"n": 1} and len(calls) == 1
+    time.sleep(0.3)  # past 4 x 0.06 s
+    assert reuse() == {"n": 2}
+
+    cheap = CostlyReuse(lambda: calls.append(1) or len(calls), factor=100)
+    before = len(calls)
+    cheap(), cheap()
+    assert len(calls) == before + 2
+
+
+def test_configuration_and_node_pages_show_one_page_of_instances_and_whole_counts(login):
+    make_cluster(instances=250, capacity=2, nodes=("node-a",), configuration="big-cams")
+    client = login("viewer")
+
+    page = client.get("/configurations/default/big-cams/?page=2")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert body.count('href="/instances/default/big-cams-') == 50
+    assert "Page 2 of 2 (250 in all)" in body
+    held = Slot.objects.filter(instance__configuration_name="big-cams", level="IL").count()
+    assert f'data-count="held">{held}<' in body  # the whole Configuration's, not the page's
+
+    node = client.get("/nodes/node-a/")
+    assert node.status_code == 200
+    assert node.content.decode().count("<tr data-instance=") == 200
+    assert f"{held} slots ({held} Instance level, 0 Configuration level)" in node.content.decode()
+
+    for url in ("/nodes/node-a/?page=x", "/configurations/default/big-cams/?page=9"):
+        answer = client.get(url)
+        assert answer.status_code == 400
+        assert "page" in answer.content.decode().lower()
+
+
+def test_sync_status_names_the_kinds_being_relisted():
+    from agent.models import SyncState
+    from akri_site.dashboard import queries
+
+    SyncState.objects.create(owner="controller", kind="default/instances", synced_at=timezone.now())
+    assert queries.sync_status()["syncing"] == []
+    SyncState.objects.update(listing_since=timezone.now())
+    (syncing,) = queries.sync_status()["syncing"]
+    assert syncing["kind"] == "default/instances" and syncing["since"].endswith("Z")
+
+
+def test_the_nodes_filter_names_three_escaped_and_counts_the_rest():
+    from akri_site.dashboard.templatetags.dashboard import nodes_text
+
+    assert nodes_text([]) == "no node"
+    assert nodes_text(["a", "b"]) == "a, b"
+    assert nodes_text(["<x>", "b", "c", "d", "e"]) == (
+        '&lt;x&gt;, b, c <span class="meta">and 2 more</span>'
+    )

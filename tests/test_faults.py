@@ -291,7 +291,8 @@ def test_the_controller_and_a_worker_lose_nothing_while_postgresql_is_down(kube,
         ClaimStore(api, "agent:node-b").claim(FOO0, f"{FOO0}-0", "node-b")
         sent = send_cluster_pass(kube.namespace, queue)
         kube.wait_for(
-            lambda: controller.said("applying event to the cache failed"),
+            # One event ("applying event ...") or a batch of them ("applying 2 changes ...").
+            lambda: controller.said("to the cache failed"),
             timeout=30,
             message="the controller meeting the stopped database",
         )

@@ -331,3 +331,107 @@ def test_the_controller_labels_an_instance_when_its_slot_holders_pod_appears(kub
         lambda: Charge.objects.filter(name="cam-cccccc", source="label").first(), timeout=10
     )
     assert (row.owner, row.charged) == ("team-a", 1)
+
+
+KAI_PODGROUP_CRD = crd_body("scheduling.run.ai", "v2alpha2", "podgroups", "PodGroup", "Namespaced")
+
+
+def test_a_pod_of_a_job_is_charged_to_the_queue_its_top_owner_names(kube, fast):
+    """KAI reads a pod's queue from its top owner first; its PodGroup records that owner and
+    carries its labels, which the watch mirrors and the recompute reads."""
+    ext = client.ApiextensionsV1Api(kube.api_client)
+    custom = client.CustomObjectsApi(kube.api_client)
+    made_crd = True
+    try:
+        ext.create_custom_resource_definition(KAI_PODGROUP_CRD)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        made_crd = False
+    watch = QueueWatch(kube.new_client(), fire=lambda keys: None, timeout_seconds=5).start()
+    try:
+        job = client.BatchV1Api(kube.api_client).create_namespaced_job(
+            kube.namespace,
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "train-7", "labels": {"kai.scheduler/queue": "team-b"}},
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [{"name": "main", "image": "busybox"}],
+                            "restartPolicy": "Never",
+                        }
+                    }
+                },
+            },
+        )
+        uid = job.metadata.uid
+        kube.wait_for(
+            lambda: QueueSystem.objects.filter(kind="kai-podgroup", present=True).exists(),
+            timeout=30,
+            message="the KAI PodGroup CRD seen",
+        )
+        custom.create_namespaced_custom_object(
+            "scheduling.run.ai",
+            "v2alpha2",
+            kube.namespace,
+            "podgroups",
+            {
+                "apiVersion": "scheduling.run.ai/v2alpha2",
+                "kind": "PodGroup",
+                "metadata": {
+                    "name": f"pg-train-7-{uid}",
+                    "labels": {"kai.scheduler/queue": "team-b"},
+                    "annotations": {
+                        "kai.scheduler/top-owner-metadata": (
+                            f"group: batch\nkind: Job\nname: train-7\nuid: {uid}\n"
+                        )
+                    },
+                },
+                "spec": {"queue": "team-b", "minMember": 1},
+            },
+        )
+        kube.wait_for(
+            lambda: (
+                QueueObject.objects.filter(kind="kai-podgroup", name=f"pg-train-7-{uid}")
+                .exclude(labels={})
+                .exists()
+            ),
+            timeout=15,
+            message="the PodGroup and its labels in the cache",
+        )
+        api = AkriApi(kube.api_client, kube.namespace)
+        api.create_instance(held_instance("cam-dddddd", "cam", holders=1))
+        sync = CacheSync(kube.new_client(), kube.namespace, owner="test", timeout_seconds=5)
+        sync.start()
+        try:
+            assert sync.wait_synced()
+            kube.wait_for(lambda: Slot.objects.filter(key="cam-dddddd-0", value="node-a").exists())
+        finally:
+            sync.stop()
+        body = pod_body("train-7-abcde", resource="akri.sh/cam-dddddd")
+        body["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "train-7", "uid": uid}
+        ]
+        pod = create_pod(kube, body)
+        Slot.objects.filter(key="cam-dddddd-0").update(
+            pod_namespace=kube.namespace, pod_name="train-7-abcde", pod_uid=pod["metadata"]["uid"]
+        )
+        from agent.queues import cache
+
+        read = client.CoreV1Api(kube.api_client).read_namespaced_pod(
+            "train-7-abcde", kube.namespace
+        )
+        cache.apply_pod("ADDED", kube.api_client.sanitize_for_serialization(read))
+        outcome = recompute.recompute(None, api_client=kube.api_client)
+        assert outcome.labels_written == 1
+        assert api.get_instance("cam-dddddd")["metadata"]["labels"] == {LABEL: "team-b"}
+        row = Charge.objects.get(kind="instance", name="cam-dddddd")
+        assert (row.owner, row.charged) == ("team-b", 1)
+        assert "top owner Job train-7" in row.users[0]["why"]
+    finally:
+        watch.stop()
+        if made_crd:
+            with contextlib.suppress(ApiException):
+                ext.delete_custom_resource_definition(KAI_PODGROUP_CRD["metadata"]["name"])

@@ -156,7 +156,9 @@ class World:
             except SlotTaken:
                 return  # the race is lost: admission fails, no pod
             if crash:  # the agent dies before the binding; the kubelet's Allocate fails
-                self.ended.setdefault((node, slot), self.t)
+                # Held with no pod from now: the slot was free, so an earlier end there (a
+                # pod, or a crash long since reconciled) does not date this claim.
+                self.ended[(node, slot)] = self.t
             else:
                 sim.reconciler.on_allocated(
                     node, instance, slot, node, slot, il_resource_name(instance)

@@ -110,6 +110,11 @@ def test_gpu_cards_never_overbook_and_come_back_idle(sequence):
                 subject["metadata"]["annotations"] = annotations
         elif op == "release":
             owner.release(subject)
+            # Released is gone (deleted, or its bind failed and no annotation was written):
+            # no watch brings that pod back, so the next use of this slot is a new pod. A pod
+            # re-added after its card went to someone else would overbook from facts, not
+            # from any decision of ours (a hypothesis run found exactly that sequence).
+            del pods[which]
         elif op == "add" and GPU_INDEX in subject["metadata"].get("annotations", {}):
             owner.add_resource(subject)
         elif op == "sub":

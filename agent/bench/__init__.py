@@ -91,6 +91,11 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_schedule_storm",
         "500 pods asking unique CL devices, room for 300: admission errors, overbooking",
     ),
+    "history": (
+        "akri_site.dashboard.bench",
+        "bench_history",
+        "the usage chart's data: 7 days of a 500-node cluster, one sample a minute",
+    ),
     # Queue charges (agent/queues).
     "charges": (
         "agent.queues.bench",

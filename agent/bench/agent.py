@@ -5,6 +5,8 @@
   two interleaved in one run so both see the same background load; with them, the Allocate of
   ``agent.bench.floor``'s plugin, which does nothing but the one write (``floor_*``);
   ``over_floor_p50`` is the agent's p50 over the floor's. Between calls everything settles.
+  Every other round's Allocate runs with the agent's device-list updates not held until the
+  answer (``no_hold_*``: the A/B of ``NodeAgent.notifications_held`` in the same run).
   Then the bad day (``sustained_*``): Allocates back to back, nothing settled, while ``Churn``
   keeps the watch, the cache applier, the device lists and the reconciler busy (a pod every
   100 ms, and another node's claims across 20 Instances).
@@ -29,7 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -209,14 +211,21 @@ class _AllocateSamples:
     allocate: list[float]
     bare: list[float]
     floor: list[float]  # Allocates of agent.bench.floor's plugin (empty if not measured)
+    # Allocates with the agent's device-list updates not held (NodeAgent.notifications_held),
+    # every other round of the same run (empty if not measured).
+    unheld: list[float] = field(default_factory=list)
 
 
-def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamples:
+def _allocate_rounds(
+    rounds: int, reconcile: bool, floor: bool, hold_ab: bool = False
+) -> _AllocateSamples:
     """Allocate ms, bare write ms and (with ``floor``) floor-plugin Allocate ms, interleaved,
     after 20 untimed warm-up rounds. The kubelet, and so the Allocates, run in a process of
     their own, as on a node (``agent.bench.kubelet``); the bare writes come from this one, the
     agent's, with the agent's background work around them. The three write different slots
-    of one Instance (capacity 3): the agent slot 0, the bare writes 1, the floor plugin 2."""
+    of one Instance (capacity 3): the agent slot 0, the bare writes 1, the floor plugin 2.
+    With ``hold_ab``, every other round's Allocate runs with the agent's device-list updates
+    not held (``unheld``): ``rounds`` rounds each way."""
     with agents(["node-a"], reconcile=reconcile, kubelet_process=True) as (
         api,
         [node],
@@ -237,9 +246,12 @@ def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamp
         samples = _AllocateSamples([], [], [])
         written: list[tuple[str, str]] = []
         try:
-            for i in range(rounds + 20):
+            for i in range(rounds * (2 if hold_ab else 1) + 20):
                 _settle(agent, *written)
+                unheld = hold_ab and i % 2 == 1
+                agent.hold_notifications = not unheld
                 elapsed = kubelet.allocate(resource, [[f"{name}-0"]])
+                agent.hold_notifications = True
                 # Untimed: free the slot again through the claim store, as the reconciler would.
                 _release_checked(agent, name, f"{name}-0")
                 _settle(agent, (name, _version(agent.claims.last_seen.get(name))))
@@ -260,7 +272,9 @@ def _allocate_rounds(rounds: int, reconcile: bool, floor: bool) -> _AllocateSamp
                     _settle(agent, *written)
                     floor_elapsed = kubelet.allocate(resource, [[f"{name}-2"]], plugin.socket_path)
                     written = list(plugin.versions.items())
-                if i >= 20:
+                if i >= 20 and unheld:
+                    samples.unheld.append(elapsed)
+                elif i >= 20:
                     samples.allocate.append(elapsed)
                     samples.bare.append(bare_elapsed * 1000)
                     if plugin is not None:
@@ -414,7 +428,7 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
     ``floor_ratio_p50`` is the ratio an agent that added nothing to its write would print."""
     ensure_migrated()
     rounds = 100 if quick else 1000
-    on = _allocate_rounds(rounds, reconcile=True, floor=True)
+    on = _allocate_rounds(rounds, reconcile=True, floor=True, hold_ab=True)
     off = _allocate_rounds(rounds, reconcile=False, floor=False)
     busy, churn = _sustained_rounds(rounds)
     p50, bare_p50 = percentile(on.allocate, 50), percentile(on.bare, 50)
@@ -426,6 +440,8 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
         "p99_ms": percentile(on.allocate, 99),
         "floor_p50_ms": floor_p50,
         "over_floor_p50": p50 / floor_p50,
+        "no_hold_p50_ms": percentile(on.unheld, 50),
+        "no_hold_over_floor_p50": percentile(on.unheld, 50) / floor_p50,
         "bare_p50_ms": bare_p50,
         "ratio_p50": p50 / bare_p50,
         "floor_ratio_p50": floor_p50 / bare_p50,

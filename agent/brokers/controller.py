@@ -52,6 +52,9 @@ class BrokerController:
         self.sync = sync
         self.dispatch = dispatcher or Dispatcher(client=api_client)
         self._instances: dict[str, tuple[Any, ...]] = {}
+        # Whether a Configuration has broker work at all (a brokerSpec, or brokers left over):
+        # most Instances have none, and a relist of 40,000 must not enqueue 40,000 runs.
+        self._brokered: dict[str, bool] = {}
         self._phases: dict[tuple[str, str], tuple[str, bool]] = {}
         core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
         self.watchers = [
@@ -103,8 +106,10 @@ class BrokerController:
     # --- Configurations and Instances ---------------------------------------------------
     def _on_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
         if not name:
+            self._brokered.clear()
             self._relisted()
         elif kind == "configuration":
+            self._brokered.pop(name, None)
             self.dispatch.configuration(self.namespace, name)
             if obj is not None:  # a change may roll every broker of it
                 for instance in _instances_of(self.namespace, name):
@@ -114,8 +119,9 @@ class BrokerController:
 
     def _catch_up(self) -> None:
         rows = Instance.objects.filter(namespace=self.namespace)
-        for configuration, name in rows.values_list("configuration_name", "name"):
-            self.dispatch.instance(self.namespace, configuration, name)
+        for configuration, name in rows.values_list("configuration_name", "name").iterator():
+            if self._has_brokers(configuration):
+                self.dispatch.instance(self.namespace, configuration, name)
         self._relisted()
 
     def _relisted(self) -> None:
@@ -133,7 +139,7 @@ class BrokerController:
     def _instance(self, name: str, obj: dict[str, Any] | None) -> None:
         if obj is None:
             before = self._instances.pop(name, None)
-            if before is not None:
+            if before is not None and self._has_brokers(before[0]):
                 self.dispatch.instance(self.namespace, before[0], name)
             return
         facts = rules.InstanceFacts.from_object(obj)
@@ -146,12 +152,33 @@ class BrokerController:
         )
         if self._instances.get(name) != signature:
             self._instances[name] = signature
-            self.dispatch.instance(self.namespace, facts.configuration, name)
+            if self._has_brokers(facts.configuration):
+                self.dispatch.instance(self.namespace, facts.configuration, name)
+
+    def _has_brokers(self, configuration: str) -> bool:
+        """The Configuration asks for brokers, or some of its brokers are still around (a
+        Configuration that dropped its brokerSpec: its runs remove them). Unknown yet: its
+        arrival enqueues each of its Instances."""
+        known = self._brokered.get(configuration)
+        if known is None:
+            spec = (
+                Configuration.objects.filter(namespace=self.namespace, name=configuration)
+                .values_list("spec", flat=True)
+                .first()
+            )
+            known = bool((spec or {}).get("brokerSpec")) or (
+                Broker.objects.filter(
+                    namespace=self.namespace, configuration=configuration
+                ).exists()
+            )
+            self._brokered[configuration] = known
+        return known
 
     # --- broker objects -----------------------------------------------------------------
     def _event(self, kind: str, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         name, labels = meta.get("name", ""), meta.get("labels") or {}
+        self._brokered.pop(labels.get(rules.CONFIGURATION_LABEL, ""), None)
         if event == "DELETED":
             Broker.objects.filter(namespace=self.namespace, kind=kind, name=name).delete()
             self._phases.pop((kind, name), None)
@@ -176,6 +203,7 @@ class BrokerController:
             self.dispatch.configuration(self.namespace, configuration)
 
     def _relist(self, kind: str, items: list[dict[str, Any]]) -> None:
+        self._brokered.clear()
         names = set()
         for obj in items:
             _mirror(self.namespace, kind, obj)

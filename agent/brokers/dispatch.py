@@ -123,13 +123,8 @@ class Dispatcher:
             log.exception("brokers: could not enqueue %s", key)
 
     def _claim_pending(self, key: str) -> bool:
-        import redis
-
-        conn = redis.Redis.from_url(str(self.app.conf.broker_url))
-        try:
-            return bool(conn.set(pending_name(key), "1", nx=True, ex=PENDING_SECONDS))
-        finally:
-            conn.close()
+        conn = _redis(str(self.app.conf.broker_url))
+        return bool(conn.set(pending_name(key), "1", nx=True, ex=PENDING_SECONDS))
 
     def local(self) -> LocalRunner:
         return local_runner(self.client)
@@ -157,6 +152,20 @@ def local_runner(client: Any = None) -> LocalRunner:
         if client is not None:
             _local.client = client
         return _local
+
+
+_redis_clients: dict[str, Any] = {}
+
+
+def _redis(url: str) -> Any:
+    """One client (and connection pool) per URL for the process: a connection per key sent
+    made a burst of events wait on TCP set-ups."""
+    import redis
+
+    with _clients_guard:
+        if url not in _redis_clients:
+            _redis_clients[url] = redis.Redis.from_url(url)
+        return _redis_clients[url]
 
 
 def pending_name(key: str) -> str:

@@ -7,6 +7,14 @@ owns is refused when that owner opted out of sharing, or when the pod is non-pre
 Claims of resources that are not accounted, claims with no owner yet, and pods whose queue
 cannot be resolved are allowed (with a warning for the last: the webhook never guesses).
 
+Configuration-level requests (``akri.sh/<configuration>: N``) name no Instance: the agent picks
+N of the Configuration's Instances at Allocate, after admission. Such a pod is refused when the
+Instances it may join (unowned, its own queue's, not accounted, or another queue's that it may
+share) cannot hold N (distinct Instances with ``uniqueDevices``, slots otherwise): it could only
+run on Instances the rules forbid it. When they can, it is allowed with a warning naming the
+Instances it must not be given; the Queues page shows it if it gets one, and the owner may
+evict it.
+
 ResourceClaims and Instances (CREATE, UPDATE): the owner label may be given at creation, may be
 added later only by the writers named in settings (this project's service account, which writes
 it on a first bind), and never changed or removed once set.
@@ -14,11 +22,11 @@ it on a first bind), and never changed or removed once set.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.charges.facts import PodFacts, QueueWorld, Settings
-from agent.charges.preempt import preemptibility
+from agent.charges.preempt import Preemptibility, preemptibility
 from agent.charges.resolve import resolve
 from agent.domain.jsonpatch import pointer
 
@@ -53,42 +61,177 @@ class Joined:
         return f"{self.kind} {self.namespace}/{self.name}"
 
 
-def admit_pod(pod: PodFacts, joins: list[Joined], world: QueueWorld, settings: Settings) -> Verdict:
+@dataclass(frozen=True)
+class Owned:
+    """The Instances of one Configuration that one queue owns."""
+
+    owner: str
+    accounted: bool
+    instances: int
+    capacity: int  # their slots
+    names: tuple[str, ...] = ()  # the first few by name, for messages
+
+
+@dataclass(frozen=True)
+class ClRequest:
+    """A Configuration-level request: ``count`` devices of ``configuration``, picked at Allocate.
+
+    ``instances`` and ``capacity`` count every Instance of the Configuration; ``owned`` groups
+    those with an owner by owner (the others are free to join), so that a decision costs the
+    same for a Configuration of three Instances as for one of thousands."""
+
+    configuration: str
+    count: int
+    unique: bool
+    instances: int
+    capacity: int
+    owned: tuple[Owned, ...] = ()
+
+    @property
+    def shown(self) -> str:
+        return f"Configuration {self.configuration} (akri.sh/{self.configuration}: {self.count})"
+
+
+NAMES_SHOWN = 5
+
+
+def cl_request(
+    configuration: str,
+    count: int,
+    unique: bool,
+    instances: Mapping[str, int],
+    owners: Mapping[str, str],
+    accounted: bool,
+) -> ClRequest:
+    """A Configuration-level request from its Instances (name -> capacity) and their owners."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(owners):
+        if name in instances:
+            groups.setdefault(owners[name], []).append(name)
+    owned = tuple(
+        Owned(
+            owner,
+            accounted,
+            len(names),
+            sum(instances[n] for n in names),
+            tuple(names[:NAMES_SHOWN]),
+        )
+        for owner, names in sorted(groups.items())
+    )
+    return ClRequest(configuration, count, unique, len(instances), sum(instances.values()), owned)
+
+
+def admit_pod(
+    pod: PodFacts,
+    joins: list[Joined],
+    world: QueueWorld,
+    settings: Settings,
+    cl: Sequence[ClRequest] = (),
+) -> Verdict:
     """May this pod be created, given the owners of the claims it joins?"""
     owned = [j for j in joins if j.owner is not None and j.accounted]
-    if not owned:
+    cl_owned = [r for r in cl if any(g.accounted for g in r.owned)]
+    if not owned and not cl_owned:
         return ALLOW
     found = resolve(pod, world, settings.resolvers)
     if found.queue is None:
         note = f"pod {pod.key} has no resolvable queue ({found.why}); sharing not checked"
         return Verdict(True, warnings=(note,))
-    foreign = [j for j in owned if j.owner != found.queue]
-    for joined in foreign:
-        if joined.owner in world.opted_out:
-            return Verdict(
-                False,
-                f"pod {pod.key} of queue {found.queue} may not use {joined.shown}: it is owned "
-                f"by queue {joined.owner}, which does not share what it owns (rule: opt-out)",
-                claim=joined.shown,
-                owner=joined.owner or "",
-                queue=found.queue,
-                rule="opt-out",
+    rule = _Rules(pod, found.queue, world)
+    # An opted-out owner is named before resource locking: it refuses every foreign pod.
+    first = sorted(owned, key=lambda j: rule.forbidden(j) != "opt-out")
+    for joined in first:
+        refused = rule.refusal(joined)
+        if refused is not None:
+            return refused
+    warnings = []
+    for request in cl_owned:
+        verdict = _admit_cl(rule, request)
+        if not verdict.allowed:
+            return verdict
+        warnings += verdict.warnings
+    return Verdict(True, warnings=tuple(warnings))
+
+
+class _Rules:
+    """The rules for one pod of a known queue; its preemptibility is read once, when needed."""
+
+    def __init__(self, pod: PodFacts, queue: str, world: QueueWorld) -> None:
+        self.pod, self.queue, self.world = pod, queue, world
+        self._preempt: Preemptibility | None = None
+
+    @property
+    def preempt(self) -> Preemptibility:
+        if self._preempt is None:
+            self._preempt = preemptibility(self.pod, self.world)
+        return self._preempt
+
+    def forbidden(self, joined: Joined | Owned) -> str:
+        """The rule that keeps this pod off ``joined`` ("" when it may join)."""
+        if joined.owner is None or not joined.accounted or joined.owner == self.queue:
+            return ""
+        if joined.owner in self.world.opted_out:
+            return "opt-out"
+        if not self.preempt.preemptible:
+            return "resource locking"
+        return ""
+
+    def refusal(self, joined: Joined) -> Verdict | None:
+        """The refusal of a pod that would join ``joined`` (None: it may)."""
+        rule = self.forbidden(joined)
+        pod, queue = self.pod, self.queue
+        if rule == "opt-out":
+            message = (
+                f"pod {pod.key} of queue {queue} may not use {joined.shown}: it is owned by "
+                f"queue {joined.owner}, which does not share what it owns (rule: opt-out)"
             )
-    if foreign:
-        verdict = preemptibility(pod)
-        if not verdict.preemptible:
-            joined = foreign[0]
-            return Verdict(
-                False,
-                f"non-preemptible pod {pod.key} of queue {found.queue} ({verdict.why}) may not "
+        elif rule == "resource locking":
+            message = (
+                f"non-preemptible pod {pod.key} of queue {queue} ({self.preempt.why}) may not "
                 f"join {joined.shown}, owned by queue {joined.owner} (rule: resource locking: "
-                "a foreign pod that cannot be preempted would keep the claim bound)",
-                claim=joined.shown,
-                owner=joined.owner or "",
-                queue=found.queue,
-                rule="resource locking",
+                "a foreign pod that cannot be preempted would keep the claim bound)"
             )
-    return ALLOW
+        else:
+            return None
+        return Verdict(
+            False, message, claim=joined.shown, owner=joined.owner or "", queue=queue, rule=rule
+        )
+
+
+def _admit_cl(rule: _Rules, request: ClRequest) -> Verdict:
+    """A Configuration-level request: refused when the Instances this pod may join cannot hold
+    it; allowed with a warning when some Instances of the Configuration are closed to it."""
+    closed = [(g, rule.forbidden(g)) for g in request.owned]
+    closed = [(g, why) for g, why in closed if why]
+    if not closed:
+        return ALLOW
+    if request.unique:
+        room, unit = request.instances - sum(g.instances for g, _ in closed), "distinct Instances"
+    else:
+        room, unit = request.capacity - sum(g.capacity for g, _ in closed), "slots"
+    shown = [f"{n} (queue {g.owner})" for g, _ in closed for n in g.names][:NAMES_SHOWN]
+    hidden = sum(g.instances for g, _ in closed) - len(shown)
+    names = ", ".join(shown) + (f" and {hidden} more" if hidden > 0 else "")
+    # The rules that close them, opt-out first (as for named claims).
+    why = ", ".join(sorted({w for _, w in closed}, key=lambda w: w != "opt-out"))
+    if room < request.count:
+        reasons = []
+        if "opt-out" in why:
+            reasons.append("by queues that do not share")
+        if "resource locking" in why:
+            reasons.append(f"by other queues and the pod is non-preemptible, {rule.preempt.why}")
+        message = (
+            f"pod {rule.pod.key} of queue {rule.queue} asks for {request.shown}, but only "
+            f"{max(room, 0)} {unit} of it are open to it: {names} are owned "
+            f"{' or '.join(reasons)} (rule: {why})"
+        )
+        owner = closed[0][0].owner
+        return Verdict(False, message, claim=request.shown, owner=owner, queue=rule.queue, rule=why)
+    note = (
+        f"pod {rule.pod.key} of queue {rule.queue}: {request.shown} is picked at Allocate; it "
+        f"must not be given {names} (rule: {why}); if it is, the owner may evict it"
+    )
+    return Verdict(True, warnings=(note,))
 
 
 def admit_owner_label(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # The kinds of claim a queue can own.
 AKRI = "instance"  # an Akri Instance: its slots are held by pods
@@ -27,8 +28,11 @@ class PodFacts:
     priority: int | None = None
     # metadata.creationTimestamp as RFC 3339 text (sorts in time order), "" when unknown.
     created: str = ""
-    # Labels of the pod's top owner (a Job, a PyTorchJob...) when the caller knows them.
+    # Labels of the pod's top owner (a Job, a PyTorchJob...) when the caller knows them;
+    # otherwise read from KAI's PodGroups (``agent.charges.topowner``).
     owner_labels: Mapping[str, str] = field(default_factory=dict)
+    # uids of the pod's ownerReferences.
+    owner_uids: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -56,6 +60,10 @@ class QueueWorld:
     opted_out: frozenset[str] = frozenset()
     # The queue of a pod no resolver places; "" means such a pod has no queue.
     default_queue: str = "default"
+    # Top owners recorded by KAI's PodGroups (``agent.charges.topowner.TopOwner``): by the
+    # PodGroup's (namespace, name) and by the top owner's uid.
+    kai_top_owners_by_podgroup: Mapping[tuple[str, str], Any] = field(default_factory=dict)
+    kai_top_owners_by_uid: Mapping[str, Any] = field(default_factory=dict)
 
     def known_queues(self) -> frozenset[str] | None:
         """Every queue some installed queue system defines; None when none is installed."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.charges.facts import PodFacts
+from agent.charges.facts import PodFacts, QueueWorld
+from agent.charges.topowner import top_owner
 
 KAI_PREEMPTIBILITY = "kai.scheduler/preemptibility"
 VOLCANO_PREEMPTABLE = "volcano.sh/preemptable"
@@ -23,8 +24,11 @@ class Preemptibility:
     why: str
 
 
-def preemptibility(pod: PodFacts) -> Preemptibility:
-    for where, labels in (("top owner", pod.owner_labels), ("pod", pod.labels)):
+def preemptibility(pod: PodFacts, world: QueueWorld | None = None) -> Preemptibility:
+    owner = top_owner(pod, world)
+    owner_labels = owner.labels if owner is not None else {}
+    where_owner = f"top owner {owner.shown}".strip() if owner is not None else "top owner"
+    for where, labels in ((where_owner, owner_labels), ("pod", pod.labels)):
         value = (labels.get(KAI_PREEMPTIBILITY) or "").strip().lower()
         if value in ("preemptible", "non-preemptible"):
             return Preemptibility(value == "preemptible", f"{where} {KAI_PREEMPTIBILITY}={value}")

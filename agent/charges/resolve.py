@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent.charges.facts import PodFacts, QueueWorld
+from agent.charges.topowner import KAI_PODGROUP, top_owner
 
 KAI_QUEUE = "kai.scheduler/queue"
-KAI_PODGROUP = "pod-group-name"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_CLUSTER_QUEUE = "kueue.x-k8s.io/cluster-queue-name"
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
@@ -66,8 +66,12 @@ def _checked(queue: str, known: frozenset[str] | None, system: str, how: str) ->
 
 
 def resolve_kai(pod: PodFacts, world: QueueWorld) -> Resolution | None:
-    """KAI: the top owner's then the pod's ``kai.scheduler/queue``, then the PodGroup's queue."""
-    for where, labels in (("top owner", pod.owner_labels), ("pod", pod.labels)):
+    """KAI: the top owner's then the pod's ``kai.scheduler/queue``, then the PodGroup's queue
+    (KAI's podgrouper's order; the top owner as its PodGroup records it, see ``topowner``)."""
+    owner = top_owner(pod, world)
+    owner_labels = owner.labels if owner is not None else {}
+    where_owner = f"top owner {owner.shown}".strip() if owner is not None else "top owner"
+    for where, labels in ((where_owner, owner_labels), ("pod", pod.labels)):
         queue = labels.get(KAI_QUEUE)
         if queue:
             return _checked(queue, world.kai_queues, "kai", f"{where} label {KAI_QUEUE}={queue}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from agent.extender.feed import _state_of
-from agent.models import Configuration, Instance
+from agent.models import Configuration, Instance, visible_to
 from agent.sharing.policy import ConfigurationInfo, NodeInventory
 from agent.sharing.registry import UnknownPolicy, enabled
 
@@ -25,7 +25,7 @@ def policy_statuses(node: str, namespace: str | None = None) -> list[tuple[str, 
         classes = enabled(settings.AKRI["SHARING_POLICIES"])
     except UnknownPolicy as exc:
         return [("settings", str(exc))]
-    rows = Instance.objects.filter(namespace=namespace, deleting=False)
+    rows = Instance.objects.filter(visible_to(node), namespace=namespace, deleting=False)
     instances = tuple(_state_of(row) for row in rows if node in (row.nodes or ()))
     configurations = {
         name: ConfigurationInfo(name, capacity, unique)

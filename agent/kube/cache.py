@@ -202,6 +202,11 @@ def not_newer(rv: str, current: str) -> bool:
     return rv == current or (rv.isdigit() and current.isdigit() and int(rv) < int(current))
 
 
+def is_newer(rv: str, than: str) -> bool:
+    """Both are integers and ``rv`` comes after ``than`` (opaque versions: never)."""
+    return rv.isdigit() and than.isdigit() and int(rv) > int(than)
+
+
 def _as_capacity(value: Any) -> int:
     # Akri allows 0; a malformed value must not crash the sync: treat it as no slots.
     return value if isinstance(value, int) and value >= 0 else 0
@@ -337,32 +342,51 @@ BATCH = 500
 
 
 def replace_all_instances(namespace: str, objects: list[dict[str, Any]]) -> None:
-    """After a relist: drop what the list no longer has, then apply every listed Instance.
-    In that order, so that once any listed state shows in the cache, nothing stale does.
+    """After a relist held in one list: drop what the list no longer has, then apply every
+    listed Instance (a watch relists page by page: ``apply_listed`` and ``remove_unlisted``)."""
+    remove_unlisted(namespace, {obj["metadata"]["name"] for obj in objects})
+    for i in range(0, len(objects), BATCH):
+        apply_listed(namespace, objects[i : i + BATCH])
 
-    At a thousand nodes a relist is tens of thousands of Instances, most of them either
-    unchanged (a restart with a warm cache) or new (a first start): those are skipped or
-    written in bulk; only an Instance whose version moved goes through ``apply_instance``.
-    """
+
+def apply_listed(namespace: str, objects: list[dict[str, Any]]) -> None:
+    """One page of a relist: at a thousand nodes a relist is tens of thousands of Instances,
+    most of them either unchanged (a restart with a warm cache) or new (a first start):
+    those are skipped or written in bulk; only an Instance whose version moved goes through
+    ``apply_instance``. Looked up by name within the page, so the cost is the page's."""
+    names = [obj["metadata"]["name"] for obj in objects]
     known = {
-        name: (pk, rv, pending)
-        for pk, name, rv, pending in Instance.objects.filter(namespace=namespace).values_list(
-            "pk", "name", "resource_version", "pending_rv"
-        )
+        name: (rv, pending)
+        for name, rv, pending in Instance.objects.filter(
+            namespace=namespace, name__in=names
+        ).values_list("name", "resource_version", "pending_rv")
     }
-    listed = {obj["metadata"]["name"] for obj in objects}
-    gone = [pk for name, (pk, _, _) in known.items() if name not in listed]
-    for i in range(0, len(gone), BATCH):
-        Instance.objects.filter(pk__in=gone[i : i + BATCH]).delete()
     new = []
     for obj in objects:
         row = known.get(obj["metadata"]["name"])
         if row is None:
             new.append(obj)
-        elif row[1] != obj["metadata"].get("resourceVersion", "") or row[2]:
+        elif row[0] != obj["metadata"].get("resourceVersion", "") or row[1]:
             apply_instance(obj, relist=True)
-    for i in range(0, len(new), BATCH):
-        create_instances(namespace, new[i : i + BATCH])
+    if new:
+        create_instances(namespace, new)
+
+
+def remove_unlisted(namespace: str, listed: set[str], listed_rv: str = "") -> list[str]:
+    """The end of a relist: Instances it did not list are gone, unless the cache holds a
+    version newer than the list's (``listed_rv``: created or changed after its snapshot, an
+    answer to our own write applied meanwhile). Returns the names removed."""
+    rows = Instance.objects.filter(namespace=namespace).values_list(
+        "pk", "name", "resource_version"
+    )
+    gone = [
+        (pk, name)
+        for pk, name, rv in rows.iterator(BATCH)
+        if name not in listed and not is_newer(rv, listed_rv)
+    ]
+    for i in range(0, len(gone), BATCH):
+        Instance.objects.filter(pk__in=[pk for pk, _ in gone[i : i + BATCH]]).delete()
+    return [name for _, name in gone]
 
 
 def create_instances(namespace: str, objects: list[dict[str, Any]]) -> None:

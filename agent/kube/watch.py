@@ -13,6 +13,7 @@ namespace should write the cache; agents in one process share it (``shared_sync`
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import queue
 import random
@@ -23,14 +24,20 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connections
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connections,
+    transaction,
+)
 from django.utils import timezone
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent.kube import cache
-from agent.kube.client import CONFIGURATIONS, GROUP, INSTANCES, VERSION
+from agent.kube.client import AkriApi
 from agent.kube.foreground import FOREGROUND
 from agent.models import SyncState
 
@@ -47,7 +54,15 @@ EXPECTED_MAX = 1024  # announcements kept before expired ones are looked for
 # (a freed slot shown held) until the next relist.
 APPLY_RETRY_FIRST = 0.05
 APPLY_RETRY_MAX = 5.0
+# Watch events and direct answers waiting in the queue are applied together, in one
+# transaction: a commit per change capped the controller at 160-200 changes/s on PostgreSQL.
+# A batch ends at this many items, or once it has held the transaction this long, or when an
+# Allocate is in flight (SQLite has one writer: a long batch would keep a claim's binding out).
+APPLY_BATCH = 256
+RELIST_PAGES_AHEAD = 2
+APPLY_BATCH_SECONDS = 0.05
 Event = tuple[str, dict[str, Any]]
+BATCHED = ("event", "direct")  # queue items the applier applies in batches
 
 
 class ResourceWatcher:
@@ -68,13 +83,25 @@ class ResourceWatcher:
         to_dict: bool = False,
         timeout_seconds: int | None = None,
         persist: bool = True,
+        on_page: Callable[[list[dict[str, Any]]], None] | None = None,
+        on_relist_end: Callable[[set[str], str], None] | None = None,
     ) -> None:
+        """``on_page`` and ``on_relist_end`` together replace ``on_relist`` for kinds too
+        large to hold in one list: each page goes to ``on_page`` as it arrives, then
+        ``on_relist_end`` gets the names listed and the list's resourceVersion (what is not
+        among them and not newer is gone)."""
         self.owner, self.kind = owner, kind
+        self.on_page, self.on_relist_end = on_page, on_relist_end
+        # Whether the handler, not the end of the list, says when the relist is in the cache
+        # (``mark_listed``): a handler that queues pages applies them after the watch is done.
+        self.listed_by_handler = False
         self.list_func, self.list_args = list_func, list_args
         self.list_kwargs = list_kwargs or {}
         self.on_event, self.on_relist = on_event, on_relist
         self.api_client = api_client
-        # Typed APIs (pods, nodes) return models; handlers want plain dicts either way.
+        # Handlers get plain dicts either way. With ``to_dict`` they are the JSON as sent: no
+        # typed models (pods, nodes) and no second parse (the client decodes each custom
+        # object event twice), which is most of a watch thread's cost at a thousand nodes.
         self.to_dict = to_dict
         # Streams end every so often (the server's own cap, or ours); each end records progress.
         self.timeout_seconds = timeout_seconds or int(settings.AKRI["WATCH_TIMEOUT_SECONDS"])
@@ -164,27 +191,41 @@ class ResourceWatcher:
         # after the first continue the first one's snapshot; an expired token is a 410,
         # which relists from the start.
         items: list[dict[str, Any]] = []
+        names: set[str] = set()
         token = ""
+        self._mark_listing()
         while True:
             kwargs = dict(self.list_kwargs, limit=LIST_PAGE)
             if token:
                 kwargs["_continue"] = token
-            answer = self.list_func(*self.list_args, **kwargs)
             if self.to_dict:
-                answer = self.api_client.sanitize_for_serialization(answer)
-            items.extend(answer.get("items") or [])
+                # The JSON as sent: typed models for 10,000 pods cost seconds and hundreds
+                # of megabytes, only to be turned back into these dicts.
+                response = self.list_func(*self.list_args, _preload_content=False, **kwargs)
+                answer = json.loads(response.data)
+            else:
+                answer = self.list_func(*self.list_args, **kwargs)
+            page = answer.get("items") or []
+            if self.on_page is not None:
+                names.update(obj["metadata"]["name"] for obj in page)
+                self.on_page(page)
+            else:
+                items.extend(page)
             meta = answer.get("metadata") or {}
             token = meta.get("continue") or ""
             if not token:
                 break
-        self.on_relist(items)
+        if self.on_relist_end is not None:
+            self.on_relist_end(names, meta.get("resourceVersion", ""))
+        else:
+            self.on_relist(items)
         self.resource_version = meta.get("resourceVersion", "")
         self.relists += 1
         self._store_rv(relisted=True)
         self.synced.set()
 
     def watch_once(self) -> None:
-        self._watch = _Watch()
+        self._watch = _Watch(raw=self.to_dict)
         try:
             stream = self._watch.stream(
                 self.list_func,
@@ -210,6 +251,12 @@ class ResourceWatcher:
             self._watch = None
             self._store_rv()
 
+    def _mark_listing(self) -> None:
+        if self.persist:
+            SyncState.objects.update_or_create(
+                owner=self.owner, kind=self.kind, defaults={"listing_since": timezone.now()}
+            )
+
     def _store_rv_throttled(self) -> None:
         # One row write per event would slow the stream down; resuming from a version a
         # second old only replays a few events, and handlers are idempotent.
@@ -233,7 +280,14 @@ class ResourceWatcher:
             owner=self.owner, kind=self.kind, defaults=defaults
         )
         if relisted:
-            SyncState.objects.filter(pk=row.pk).update(relists=row.relists + 1)
+            done = {} if self.listed_by_handler else {"listing_since": None}
+            SyncState.objects.filter(pk=row.pk).update(relists=row.relists + 1, **done)
+
+    def mark_listed(self) -> None:
+        """The relist's last page is in the cache: no longer syncing. Called by the handler
+        when ``listed_by_handler`` (it applies pages after the watch has listed them)."""
+        if self.persist:
+            SyncState.objects.filter(owner=self.owner, kind=self.kind).update(listing_since=None)
 
 
 class _Watch(watch.Watch):
@@ -241,6 +295,14 @@ class _Watch(watch.Watch):
     Allocate's own claim arrives while its answer is on the way out, and decoding it (the
     official client parses every event twice) would take the interpreter from the threads
     carrying that answer."""
+
+    def __init__(self, raw: bool = False) -> None:
+        super().__init__()
+        self._raw = raw
+
+    def get_return_type(self, func: Any) -> Any:
+        # Raw watchers read only ``raw_object``: no typed model is built for each event.
+        return None if self._raw else super().get_return_type(func)
 
     def unmarshal_event(self, data: str, return_type: Any) -> Any:
         FOREGROUND.wait_idle()
@@ -281,8 +343,19 @@ class CacheSync:
         self.apply_failures = 0  # cache writes that met an error (each retried or relisted)
         self._threads: list[threading.Thread] = []
         self._queue: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
+        # Items taken from the queue and not applied yet (the rest of a batch cut short).
+        self._carry: deque[tuple[str, Any, Any] | None] = deque()
+        # While the applier holds a batch's transaction, its notifications wait here: a
+        # subscriber reading the cache must see the rows it is told about.
+        self._held_notes: list[tuple[str, str, dict[str, Any] | None]] | None = None
+        self._applier: threading.Thread | None = None
+        # Relist pages queued and not applied yet, at most RELIST_PAGES_AHEAD: the watch
+        # waits for the applier rather than holding the whole list in memory.
+        self._pages_ahead = threading.Semaphore(RELIST_PAGES_AHEAD)
         # resourceVersions the watch delivered lately, per Instance (bounded).
-        self._watched: dict[str, deque[str]] = {}
+        # The latest resourceVersion the watch delivered per Instance: one string each (a
+        # thousand-node cluster has tens of thousands of Instances).
+        self._watched: dict[str, str] = {}
         self._watched_grew = threading.Condition()  # for wait_watched
         # The last version per Instance that submit_direct applied and announced.
         self._direct_rv: dict[str, str] = {}
@@ -292,27 +365,33 @@ class CacheSync:
         # than the cache follows makes two writes of one value; each keeps its own.
         self._expected: dict[tuple[str, str, str], deque[tuple[Any, float]]] = {}
         self._expected_lock = threading.Lock()
-        custom = client.CustomObjectsApi(api_client)
+        # Announcements the applier took in its current attempt, put back if the attempt
+        # rolls back: a retried change keeps its cause instead of turning "unknown".
+        self._taken: list[tuple[tuple[str, str, str], Any, float]] = []
+        akri = AkriApi(api_client, namespace)
         self.configurations = ResourceWatcher(
             owner=owner,
             kind=f"{namespace}/configurations",
-            list_func=custom.list_namespaced_custom_object,
-            list_args=(GROUP, VERSION, namespace, CONFIGURATIONS),
+            list_func=akri.list_configurations,
             on_event=self._configuration_event,
             on_relist=self._configuration_relist,
             api_client=api_client,
+            to_dict=True,
             timeout_seconds=timeout_seconds,
         )
         self.instances = ResourceWatcher(
             owner=owner,
             kind=f"{namespace}/instances",
-            list_func=custom.list_namespaced_custom_object,
-            list_args=(GROUP, VERSION, namespace, INSTANCES),
+            list_func=akri.list_instances,
             on_event=lambda kind, obj: self._queue.put(("event", kind, obj)),
             on_relist=lambda items: self._queue.put(("relist", items, None)),
+            on_page=self._queue_page,
+            on_relist_end=lambda names, rv: self._queue.put(("relist-end", names, rv)),
             api_client=api_client,
+            to_dict=True,
             timeout_seconds=timeout_seconds,
         )
+        self.instances.listed_by_handler = True  # its pages are applied later, in order
 
     def subscribe(self, fn: Subscriber) -> None:
         with self._lock:
@@ -325,6 +404,7 @@ class CacheSync:
 
     def start(self) -> CacheSync:
         applier = threading.Thread(target=self._apply_loop, name="sync-apply", daemon=True)
+        self._applier = applier
         applier.start()
         self._threads.append(applier)
         for watcher in (self.configurations, self.instances):
@@ -345,7 +425,7 @@ class CacheSync:
 
     def backlog(self) -> int:
         """Changes queued for the cache and not applied yet (background work defers to them)."""
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._carry)
 
     def wait_watched(self, name: str, rv: str, timeout: float = 10.0) -> bool:
         """Wait until the watch has brought version ``rv`` (or a newer one) of Instance
@@ -362,8 +442,7 @@ class CacheSync:
         return self.drain(max(0.0, deadline - time.monotonic()))
 
     def _has_watched(self, name: str, rv: str) -> bool:
-        seen = self._watched.get(name)
-        return bool(seen) and cache.not_newer(rv, seen[-1])
+        return cache.not_newer(rv, self._watched.get(name, ""))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -405,9 +484,18 @@ class CacheSync:
                 attribution, at = pending.popleft()
                 if now - at < EXPECTED_SECONDS:
                     found = attribution
+                    if threading.current_thread() is self._applier:
+                        self._taken.append(((instance, key, value), attribution, at))
             if pending is not None and not pending:
                 del self._expected[(instance, key, value)]
         return found
+
+    def _put_back_taken(self) -> None:
+        """The attempt that took these announcements rolled back: they are due again."""
+        with self._expected_lock:
+            for change, attribution, at in reversed(self._taken):
+                self._expected.setdefault(change, deque()).appendleft((attribution, at))
+        self._taken.clear()
 
     def _drop_expired(self, now: float) -> None:
         """Under the lock. Announcements whose change came in some other way (a relist)."""
@@ -417,6 +505,13 @@ class CacheSync:
             if not pending:
                 del self._expected[change]
 
+    def _queue_page(self, page: list[dict[str, Any]]) -> None:
+        """The watch thread: one page of a relist, once the applier is near enough."""
+        while not self._pages_ahead.acquire(timeout=0.5):
+            if self._stopping.is_set():
+                raise InterruptedError("sync stopping")
+        self._queue.put(("relist-page", page, None))
+
     def submit_direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         """Our own write's answer: into the cache in order with the watch, off the caller's path."""
         self._queue.put(("direct", obj, attributions))
@@ -424,14 +519,93 @@ class CacheSync:
     # --- the applier ----------------------------------------------------------------------
     def _apply_loop(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._carry.popleft() if self._carry else self._dequeue(block=True)
             if item is None:
                 break
             # Cache rows and subscribers' work (health updates, the reconciler's checks) can
             # wait for an Allocate's answer to leave; the order of the queue stays as it is.
             FOREGROUND.wait_idle()
-            self._apply_until_done(item)
+            if item[0] in BATCHED:
+                self._apply_batch(self._take_batch(item))
+            else:
+                self._apply_until_done(item)
         close_old_connections()
+
+    def _dequeue(self, block: bool) -> tuple[str, Any, Any] | None:
+        item = self._queue.get(block)
+        if item is not None and item[0] == "relist-page":
+            self._pages_ahead.release()  # off the queue: the watch may list the next page
+        return item
+
+    def _take_batch(self, first: tuple[str, Any, Any]) -> list[tuple[str, Any, Any]]:
+        """``first`` and the watch events and direct answers queued right behind it."""
+        batch = [first]
+        while len(batch) < APPLY_BATCH:
+            if self._carry:
+                item = self._carry.popleft()
+            else:
+                try:
+                    item = self._dequeue(block=False)
+                except queue.Empty:
+                    break
+            if item is None or item[0] not in BATCHED:
+                self._carry.appendleft(item)  # applied after the batch, in order
+                break
+            batch.append(item)
+        return batch
+
+    def _apply_batch(self, batch: list[tuple[str, Any, Any]]) -> None:
+        """Apply a batch in one transaction, then tell subscribers. A batch cut short (time,
+        an Allocate in flight) leaves the rest for the next one, first in line. A database
+        error retries the batch as ``_apply_until_done`` does one item; any other error
+        rolls the batch back and applies its items one by one, so only the bad one is
+        left to a relist."""
+        if len(batch) == 1:
+            self._apply_until_done(batch[0])
+            return
+        delay = APPLY_RETRY_FIRST
+        while True:
+            self._held_notes = []
+            self._taken.clear()
+            try:
+                with transaction.atomic():
+                    done = self._apply_some(batch)
+                notes, self._held_notes = self._held_notes, None
+                break
+            except (OperationalError, InterfaceError) as exc:
+                self._held_notes = None
+                self._put_back_taken()
+                self.apply_failures += 1
+                log.warning(
+                    "%s: applying %d changes to the cache failed (%s); retrying in %.2fs",
+                    self.owner,
+                    len(batch),
+                    exc,
+                    delay,
+                )
+                connections.close_all()
+                if self._stopping.wait(delay):
+                    return
+                delay = min(APPLY_RETRY_MAX, delay * 2)
+            except Exception:
+                self._held_notes = None
+                self._put_back_taken()
+                for item in batch:
+                    self._apply_until_done(item)
+                return
+        self._carry.extendleft(reversed(batch[done:]))
+        for note in notes:
+            self._notify(*note)
+
+    def _apply_some(self, batch: list[tuple[str, Any, Any]]) -> int:
+        """Inside the batch's transaction: apply items until the batch's time is up or an
+        Allocate waits; how many were applied (at least one)."""
+        deadline = time.monotonic() + APPLY_BATCH_SECONDS
+        for done, item in enumerate(batch, 1):
+            self._apply(*item)
+            if time.monotonic() > deadline or FOREGROUND.busy():
+                return done
+        return len(batch)
 
     def _apply_until_done(self, item: tuple[str, Any, Any]) -> None:
         """Apply one queued item. The database being locked or away is retried, with
@@ -441,10 +615,12 @@ class CacheSync:
         what = item[0]
         delay = APPLY_RETRY_FIRST
         while True:
+            self._taken.clear()
             try:
                 self._apply(*item)
                 return
             except (OperationalError, InterfaceError) as exc:
+                self._put_back_taken()
                 self.apply_failures += 1
                 log.warning(
                     "%s: applying %s to the cache failed (%s); retrying in %.2fs",
@@ -469,6 +645,10 @@ class CacheSync:
             self._instance_event(first, second)
         elif what == "relist":
             self._instance_relist(first)
+        elif what == "relist-page":
+            self._instance_page(first)
+        elif what == "relist-end":
+            self._instance_relist_end(first, second)
         elif what == "direct":
             self._direct(first, second)
         else:
@@ -476,16 +656,13 @@ class CacheSync:
 
     def _remember(self, name: str, rv: str) -> None:
         with self._watched_grew:
-            seen = self._watched.get(name)
-            if seen is None:
-                seen = self._watched[name] = deque(maxlen=64)
-            seen.append(rv)
+            self._watched[name] = rv
             self._watched_grew.notify_all()
 
     def _direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         rv = obj["metadata"].get("resourceVersion", "")
-        if rv in self._watched.get(name, ()):
+        if self._has_watched(name, rv):
             return  # the watch already brought this version (or a newer one) in
         cache.apply_instance(obj, _Attributions(self, obj, attributions), direct=True)
         self._direct_rv[name] = rv
@@ -533,7 +710,25 @@ class CacheSync:
             self._notify("instance", obj["metadata"]["name"], obj)
         self._notify("instance", "", None)
 
+    def _instance_page(self, items: list[dict[str, Any]]) -> None:
+        cache.apply_listed(self.namespace, items)
+        for obj in items:
+            self._remember(obj["metadata"]["name"], obj["metadata"].get("resourceVersion", ""))
+            self._notify("instance", obj["metadata"]["name"], obj)
+
+    def _instance_relist_end(self, names: set[str], listed_rv: str) -> None:
+        # Our own writes' answers (``submit_direct``) may have been applied while the pages
+        # came in: an Instance this node created after the list's snapshot is not listed,
+        # and is not gone. Subscribers get the snapshot's version for the same reason.
+        for name in cache.remove_unlisted(self.namespace, names, listed_rv):
+            self._watched.pop(name, None)
+        self.instances.mark_listed()
+        self._notify("instance", "", {"metadata": {"resourceVersion": listed_rv}})
+
     def _notify(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
+        if self._held_notes is not None and threading.current_thread() is self._applier:
+            self._held_notes.append((kind, name, obj))
+            return
         with self._lock:
             subscribers = list(self._subscribers)
         for fn in subscribers:

@@ -27,6 +27,7 @@ from kubernetes import client
 
 from agent.domain.cl import held_vdevs, preferred_allocation, usable_instances
 from agent.domain.slots import InstanceState
+from agent.kube.client import CoreApi
 from agent.sharing.akri_slots import (
     ASSIGNMENT,
     CONSUMED,
@@ -70,7 +71,7 @@ class Assignments:
     enabled = True
 
     def __init__(self, api_client: client.ApiClient, node: str) -> None:
-        self.core = client.CoreV1Api(api_client)
+        self.core = CoreApi(api_client)
         self.node = node
 
     def peek(self, resource: str, count: int) -> tuple[str, ...]:

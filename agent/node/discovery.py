@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from agent.discovery.base import DiscoveredDevice, DiscoveryError, DiscoveryHandler
 from agent.domain.configspec import ConfigSpec, DiscoveryProperty
+from agent.kube.client import CoreApi
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,11 @@ def _resolve_reference(api_client: client.ApiClient, prop: DiscoveryProperty) ->
     if not isinstance(ref, dict) or not ref.get("name") or not ref.get("key"):
         raise UnresolvedProperty(f"discoveryProperty {prop.name}: valueFrom needs a name and a key")
     namespace = ref.get("namespace") or "default"
-    core = client.CoreV1Api(api_client)
+    core = CoreApi(api_client)
     try:
         if ref is secret:
             obj = core.read_namespaced_secret(ref["name"], namespace)
-            encoded = (obj.data or {}).get(ref["key"])
+            encoded = (obj.get("data") or {}).get(ref["key"])
             value = None if encoded is None else base64.b64decode(encoded)
         else:
             obj = core.read_namespaced_config_map(ref["name"], namespace)
@@ -90,11 +91,12 @@ def _resolve_reference(api_client: client.ApiClient, prop: DiscoveryProperty) ->
     return value
 
 
-def _config_map_value(obj: Any, key: str) -> bytes | None:
-    if key in (obj.data or {}):
-        return obj.data[key].encode()
-    if key in (obj.binary_data or {}):
-        return base64.b64decode(obj.binary_data[key])
+def _config_map_value(obj: dict[str, Any], key: str) -> bytes | None:
+    data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
+    if key in data:
+        return data[key].encode()
+    if key in binary:
+        return base64.b64decode(binary[key])
     return None
 
 

@@ -66,7 +66,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from agent import metrics, retention
+from agent import metrics, retention, usage
 from agent.domain.naming import cl_resource_name, il_resource_name, slot_index
 from agent.domain.slots import InstanceState, UsageKind, format_cl, format_il, parse_usage
 from agent.kube import cache
@@ -78,7 +78,7 @@ from agent.kube.claims import (
     SlotTaken,
     UnknownSlot,
 )
-from agent.kube.client import AkriApi
+from agent.kube.client import AkriApi, CoreApi
 from agent.kube.foreground import FOREGROUND
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Instance, ReconcileRun, Slot, SlotEvent, SlotPodBinding
@@ -458,7 +458,7 @@ class NodeReconciler:
         self.watch_pods = watch_pods and api_client is not None
         self.read_pods = read_pods and api_client is not None
         self.pods = PodIndex()
-        self._core = client.CoreV1Api(api_client) if api_client is not None else None
+        self._core = CoreApi(api_client) if api_client is not None else None
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._bindings: dict[str, Binding] = {}
@@ -1123,7 +1123,12 @@ class NodeReconciler:
             return
         gone = self.pods.gone_at(binding.pod_namespace, binding.pod_name, binding.pod_uid)
         if gone is not None:
-            metrics.RELEASE_LATENCY_SECONDS.observe(time.monotonic() - gone)
+            seconds = time.monotonic() - gone
+            metrics.RELEASE_LATENCY_SECONDS.observe(seconds)
+            try:  # the chart's history (agent.usage); a failed write must not fail the release
+                usage.record_release(self.node, seconds)
+            except DatabaseError:
+                log.warning("%s: release latency not recorded", self.node, exc_info=True)
 
     # --- facts ----------------------------------------------------------------------------------
     def _snapshot(self, book: RunBook) -> Snapshot:
@@ -1244,7 +1249,7 @@ class NodeReconciler:
             return None if exc.status == 404 else _UNREADABLE
         except (HTTPError, OSError):
             return _UNREADABLE
-        return PodInfo.from_object(self.api_client.sanitize_for_serialization(pod))
+        return PodInfo.from_object(pod)
 
     # --- bindings (memory mirror of SlotPodBinding) -----------------------------------------
     def _load_bindings(self) -> None:

@@ -99,6 +99,7 @@ def queue_fields(watched: Watched, obj: dict[str, Any]) -> dict[str, Any]:
     return {
         "target": str(spec.get(watched.target) or "") if watched.target else "",
         "annotations": _meta(obj).get("annotations") or {},
+        "labels": _meta(obj).get("labels") or {},
     }
 
 
@@ -170,8 +171,16 @@ def pod_fields(obj: dict[str, Any]) -> dict[str, Any]:
         "node_name": spec.get("nodeName") or "",
         "phase": status.get("phase") or "",
         "claims": pod_claims(obj),
+        "owners": owner_uids(meta),
         "deleting": bool(meta.get("deletionTimestamp")),
     }
+
+
+def owner_uids(meta: dict[str, Any]) -> list[str]:
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return []
+    return [str(r["uid"]) for r in refs if isinstance(r, dict) and r.get("uid")]
 
 
 def claims_of_pod(namespace: str, name: str, uid: str, claims: list[str]) -> set[str]:
@@ -197,15 +206,22 @@ def apply_pod(kind: str, obj: dict[str, Any]) -> Keys:
 
 
 def replace_pods(items: list[dict[str, Any]]) -> Keys:
+    return replace_pod_rows(pod_rows(items))
+
+
+def pod_rows(items: list[dict[str, Any]]) -> list[QueuePod]:
+    """Unsaved rows of the pods in ``items`` that use devices (a relist keeps these)."""
+    return [
+        QueuePod(namespace=_meta(o).get("namespace", ""), name=_meta(o)["name"], **pod_fields(o))
+        for o in items
+        if uses_devices(o)
+    ]
+
+
+def replace_pod_rows(rows: list[QueuePod]) -> Keys:
     with transaction.atomic():
         QueuePod.objects.all().delete()
-        QueuePod.objects.bulk_create(
-            QueuePod(
-                namespace=_meta(o).get("namespace", ""), name=_meta(o)["name"], **pod_fields(o)
-            )
-            for o in items
-            if uses_devices(o)
-        )
+        QueuePod.objects.bulk_create(rows, batch_size=500)
     return None
 
 

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from agent.charges.facts import AKRI, DRA, ClaimFacts, PodFacts, QueueWorld, Settings
+from agent.charges.topowner import from_podgroup
 from agent.models import Instance, Slot
 from agent.queues.models import (
     DeviceClass,
@@ -28,7 +29,16 @@ from agent.queues.models import (
 OPT_OUT_ANNOTATION = "akri-site.io/opt-out"
 ACCOUNTED_ANNOTATION = "akri-site.io/accounted"
 K = QueueObject.Kind
-POD_FIELDS = ("namespace", "name", "uid", "labels", "annotations", "priority", "created")
+POD_FIELDS = (
+    "namespace",
+    "name",
+    "uid",
+    "labels",
+    "annotations",
+    "priority",
+    "created",
+    "owners",
+)
 
 
 def rules() -> Settings:
@@ -47,10 +57,17 @@ def world() -> QueueWorld:
 
     present = set(QueueSystem.objects.filter(present=True).values_list("kind", flat=True))
     by_kind: dict[str, list[tuple[str, str, str, dict]]] = defaultdict(list)
+    by_podgroup, by_uid = {}, {}
     for row in QueueObject.objects.values_list(
-        "kind", "namespace", "name", "target", "annotations"
+        "kind", "namespace", "name", "target", "annotations", "labels"
     ):
-        by_kind[row[0]].append(row[1:])
+        by_kind[row[0]].append(row[1:5])
+        if row[0] == K.KAI_PODGROUP:
+            owner = from_podgroup(row[5] or {}, row[4] or {})
+            if owner is not None:
+                by_podgroup[(row[1], row[2])] = owner
+                if owner.uid:
+                    by_uid[owner.uid] = owner
 
     def names(kind: str) -> frozenset[str] | None:
         return frozenset(n for _, n, _, _ in by_kind[kind]) if kind in present else None
@@ -75,6 +92,8 @@ def world() -> QueueWorld:
         volcano_podgroups=targets(K.VOLCANO_PODGROUP),
         opted_out=frozenset(opted),
         default_queue=settings.AKRI_QUEUES["DEFAULT_QUEUE"],
+        kai_top_owners_by_podgroup=by_podgroup,
+        kai_top_owners_by_uid=by_uid,
     )
 
 
@@ -87,6 +106,14 @@ def _pod(row: dict[str, Any]) -> PodFacts:
         row["annotations"] or {},
         row["priority"],
         row["created"],
+        owner_uids=tuple(row["owners"] or ()),
+    )
+
+
+def _pod_row(row: tuple) -> PodFacts:
+    """A pod from ``values_list(*POD_FIELDS)``."""
+    return PodFacts(
+        *row[:3], row[3] or {}, row[4] or {}, row[5], row[6], owner_uids=tuple(row[7] or ())
     )
 
 
@@ -115,7 +142,7 @@ def gather(keys: Iterable[str] | None, the_rules: Settings) -> list[ClaimFacts]:
 def _all_pods() -> tuple[dict[str, PodFacts], dict[tuple[str, str], PodFacts]]:
     by_uid, by_name = {}, {}
     for row in QueuePod.objects.values_list(*POD_FIELDS):
-        pod = PodFacts(*row[:3], row[3] or {}, row[4] or {}, row[5], row[6])
+        pod = _pod_row(row)
         by_uid[pod.uid] = by_name[(pod.namespace, pod.name)] = pod
     return by_uid, by_name
 
@@ -200,7 +227,7 @@ def _pods_by_uid(uids: set[str]) -> dict[str, PodFacts]:
 
 def _pods_by_name(names: set[tuple[str, str]]) -> dict[tuple[str, str], PodFacts]:
     return {
-        (row[0], row[1]): PodFacts(*row[:3], row[3] or {}, row[4] or {}, row[5], row[6])
+        (row[0], row[1]): _pod_row(row)
         for row in _values(by_pairs(QueuePod.objects.all(), names), *POD_FIELDS)
     }
 

@@ -22,6 +22,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from akri_site.dashboard.access import can_view
+from akri_site.dashboard.consumers import SessionRecheck
 
 log = logging.getLogger(__name__)
 GROUP = "akri.queues"
@@ -112,18 +113,29 @@ def publish_now() -> None:
         log.exception("queues: live update not published")
 
 
-class QueuesConsumer(AsyncJsonWebsocketConsumer):
+class QueuesConsumer(SessionRecheck, AsyncJsonWebsocketConsumer):
+    """The Queues page's socket: a snapshot, then updates; re-checks its session and role as
+    the slot map's socket does (4401 signed out, 4403 role removed)."""
+
+    socket_name = "queues"
+    joined = False
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if not await database_sync_to_async(can_view)(user):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         await self.channel_layer.group_add(GROUP, self.channel_name)
+        self.joined = True
         await self.accept()
+        self.start_rechecks()
         await self.send_json({"type": "snapshot", **await database_sync_to_async(snapshot)()})
 
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(GROUP, self.channel_name)
+        self.stop_rechecks()
+        if self.joined:
+            self.joined = False
+            await self.channel_layer.group_discard(GROUP, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
@@ -133,11 +145,16 @@ class QueuesConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_BAD_FRAME)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
+        if not await self.still_allowed():
+            return
         try:
             await super().receive(text_data=text_data, bytes_data=bytes_data)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: a small frame nested thousands deep.
             await self.send_json({"type": "error", "message": "frames must be JSON objects"})
             await self.close(code=CLOSE_BAD_FRAME)
 
     async def queues_update(self, message: dict[str, Any]) -> None:
+        if self.shut:
+            return
         await self.send_json({**message, "type": "update"})

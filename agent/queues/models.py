@@ -65,6 +65,8 @@ class QueueObject(models.Model):
     # spec.queue of a PodGroup, spec.clusterQueue of a LocalQueue; "" for queues.
     target = models.CharField(max_length=253, blank=True)
     annotations = models.JSONField(default=dict)
+    # A KAI PodGroup carries its top owner's labels (see agent.charges.topowner).
+    labels = models.JSONField(default=dict)
 
     class Meta:
         constraints = [
@@ -100,6 +102,8 @@ class QueuePod(models.Model):
     phase = models.CharField(max_length=32, blank=True)
     # Names of the ResourceClaims it uses (named directly or generated from a template).
     claims = models.JSONField(default=list)
+    # uids of its ownerReferences (its top owner is looked up by them).
+    owners = models.JSONField(default=list)
     deleting = models.BooleanField(default=False)
 
     class Meta:

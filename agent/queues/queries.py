@@ -116,10 +116,11 @@ def claim_detail(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         )
     }
     users = []
+    the_world = queue_facts.world() if pods else None
     for user in row.users:
         ns, _, pod_name = user["pod"].partition("/")
         pod = pods.get((ns, pod_name))
-        verdict = preemptibility(_facts(pod)) if pod is not None else None
+        verdict = preemptibility(_facts(pod), the_world) if pod is not None else None
         users.append(
             {
                 **user,
@@ -148,7 +149,14 @@ def claim_detail(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
 
 def _facts(pod: QueuePod) -> PodFacts:
     return PodFacts(
-        pod.namespace, pod.name, pod.uid, pod.labels, pod.annotations, pod.priority, pod.created
+        pod.namespace,
+        pod.name,
+        pod.uid,
+        pod.labels,
+        pod.annotations,
+        pod.priority,
+        pod.created,
+        owner_uids=tuple(pod.owners or ()),
     )
 
 

@@ -2,11 +2,17 @@
 
 Rules (``agent.charges.admission``):
 * ``pods`` CREATE: a pod joining a claim or Instance another queue owns is refused when that
-  owner opted out, or when the pod is non-preemptible (resource locking);
+  owner opted out, or when the pod is non-preemptible (resource locking); a Configuration-level
+  request is refused when the Instances open to the pod cannot hold it;
 * ``resourceclaims`` (resource.k8s.io) and ``instances`` (akri.sh) CREATE/UPDATE: the owner
   label is set once and never changed; only ``LABEL_WRITERS`` may add it after creation.
 Anything else is allowed. The API server calls it without a session: the view is exempt from
 CSRF and login, reads only the cache, and changes nothing (see README, "Admission webhook").
+
+``answer`` is the whole exchange, body in, status and JSON out. The web serves it ahead of
+Django from an in-memory index (``agent.queues.fastpath``, ``agent.queues.index``: a
+``Lookup`` without queries); this module's ``DbLookup`` and view are the database path, used
+when the index is not fresh and by anything that mounts only Django's URLs.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -25,11 +32,19 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from agent.charges.admission import ALLOW, Joined, Verdict, admit_owner_label, admit_pod
-from agent.charges.facts import AKRI, DRA, PodFacts, QueueWorld
-from agent.models import Instance
+from agent.charges.admission import (
+    ALLOW,
+    ClRequest,
+    Joined,
+    Verdict,
+    admit_owner_label,
+    admit_pod,
+    cl_request,
+)
+from agent.charges.facts import AKRI, DRA, PodFacts, QueueWorld, Settings
+from agent.models import Configuration, Instance
 from agent.queues import facts as queue_facts
-from agent.queues.cache import pod_claims
+from agent.queues.cache import owner_uids, pod_claims
 from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 from agent.queues.review import Request, parse, response
 
@@ -40,29 +55,43 @@ AKRI_PREFIX = "akri.sh/"
 @csrf_exempt
 @require_POST
 def validate(request: HttpRequest) -> JsonResponse:
+    """The database path under Django (tests, and any server without ``fastpath``)."""
     try:
-        review = parse(json.loads(request.body))
+        body = request.body
     except RequestDataTooBig:
-        return _error(413, "the AdmissionReview is larger than this server accepts")
-    except (ValueError, UnicodeDecodeError) as exc:
-        # json.JSONDecodeError and MalformedReview are ValueErrors.
-        return _error(400, f"malformed AdmissionReview: {exc}")
+        return _error(413, TOO_BIG)
+    status, payload = answer(body, None, _record)
+    return JsonResponse(payload, status=status)
+
+
+TOO_BIG = "the AdmissionReview is larger than this server accepts"
+Recorder = Callable[[Request, Verdict], None]
+
+
+def answer(body: bytes, lookup: Lookup | None, record: Recorder) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body) for one AdmissionReview; refusals are logged and handed to
+    ``record``. ``lookup`` None reads the database."""
     try:
-        verdict = admit(review)
+        review = parse(json.loads(body))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # json.JSONDecodeError and MalformedReview are ValueErrors.
+        return 400, {"error": f"malformed AdmissionReview: {exc}"}
+    try:
+        verdict = admit(review, lookup, record)
     except (AttributeError, TypeError, ValueError) as exc:
         # The API server sends objects its own schema accepted; this is some other caller.
-        return _error(
-            400, f"malformed AdmissionReview: request.object is not a valid object ({exc})"
-        )
-    return JsonResponse(response(review, verdict.allowed, verdict.message, verdict.warnings))
+        return 400, {
+            "error": f"malformed AdmissionReview: request.object is not a valid object ({exc})"
+        }
+    return 200, response(review, verdict.allowed, verdict.message, verdict.warnings)
 
 
-def admit(review: Request) -> Verdict:
+def admit(review: Request, lookup: Lookup | None = None, record: Recorder | None = None) -> Verdict:
     """The decision on a parsed review; refusals are logged and recorded."""
-    verdict = decide(review)
+    verdict = decide(review, lookup)
     if not verdict.allowed:
         log.info("webhook: refused %s %s: %s", review.operation, review.resource, verdict.message)
-        _record(review, verdict)
+        (record or _record)(review, verdict)
     return verdict
 
 
@@ -70,9 +99,11 @@ def _error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
 
 
-def decide(review: Request) -> Verdict:
+def decide(review: Request, lookup: Lookup | None = None) -> Verdict:
+    """The verdict on a review, from ``lookup`` (the in-memory index of ``agent.queues.index``)
+    or, without one, from the database."""
     if review.resource == "pods" and review.group == "" and review.operation == "CREATE":
-        return _pod(review)
+        return _pod(review, lookup or DbLookup())
     if (review.group, review.resource) in (
         ("resource.k8s.io", "resourceclaims"),
         ("akri.sh", "instances"),
@@ -83,26 +114,30 @@ def decide(review: Request) -> Verdict:
 
 def _record(review: Request, verdict: Verdict) -> None:
     """Keep the refusal for the Queues page; a failure to record never changes the answer."""
-    meta = (review.obj or {}).get("metadata") or {}
     try:
-        Refusal.objects.create(
-            at=timezone.now(),
-            operation=review.operation,
-            resource=review.resource,
-            namespace=review.namespace or str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or meta.get("generateName") or "")[:253],
-            username=review.username[:253],
-            queue=verdict.queue,
-            claim=verdict.claim[:600],
-            owner=verdict.owner,
-            rule=verdict.rule,
-            message=verdict.message,
-        )
+        refusal_row(review, verdict).save()
     except DatabaseError:
         log.exception("webhook: refusal not recorded")
 
 
-def _pod(review: Request):
+def refusal_row(review: Request, verdict: Verdict) -> Refusal:
+    meta = (review.obj or {}).get("metadata") or {}
+    return Refusal(
+        at=timezone.now(),
+        operation=review.operation,
+        resource=review.resource,
+        namespace=review.namespace or str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or meta.get("generateName") or "")[:253],
+        username=review.username[:253],
+        queue=verdict.queue,
+        claim=verdict.claim[:600],
+        owner=verdict.owner,
+        rule=verdict.rule,
+        message=verdict.message,
+    )
+
+
+def _pod(review: Request, lookup: Lookup) -> Verdict:
     obj = review.obj or {}
     meta = obj.get("metadata") or {}
     namespace = review.namespace or meta.get("namespace") or ""
@@ -115,8 +150,66 @@ def _pod(review: Request):
         _strings(meta.get("annotations")),
         _priority(obj),
         str(meta.get("creationTimestamp") or ""),
+        owner_uids=tuple(owner_uids(meta)),
     )
-    return admit_pod(pod, joined(namespace, obj), _world(), queue_facts.rules())
+    joins, cl = joined(namespace, obj, lookup)
+    return admit_pod(pod, joins, lookup.world(), lookup.rules(), cl)
+
+
+class Lookup(Protocol):
+    """What a pod's review reads: the queue systems, the rules, and the owners of what it joins."""
+
+    def world(self) -> QueueWorld: ...
+
+    def rules(self) -> Settings: ...
+
+    def claim(self, kind: str, namespace: str, name: str) -> Joined: ...
+
+    def configuration(self, name: str, count: int) -> ClRequest | None:
+        """The Configuration-level request of ``count`` devices (None: no such Configuration)."""
+
+
+class DbLookup:
+    """Answers from the database (the path when the in-memory index is not fresh)."""
+
+    def world(self) -> QueueWorld:
+        return _world()
+
+    def rules(self) -> Settings:
+        return queue_facts.rules()
+
+    def claim(self, kind: str, namespace: str, name: str) -> Joined:
+        return _joined(kind, namespace, name)
+
+    def configuration(self, name: str, count: int) -> ClRequest | None:
+        namespace = settings.AKRI["NAMESPACE"]
+        row = Configuration.objects.filter(namespace=namespace, name=name).first()
+        if row is None:
+            return None
+        instances = dict(
+            Instance.objects.filter(namespace=namespace, configuration_name=name).values_list(
+                "name", "capacity"
+            )
+        )
+        owners = {
+            n: o
+            for n, o in Charge.objects.filter(kind=AKRI, namespace=namespace, resource=name)
+            .exclude(owner="")
+            .values_list("name", "owner")
+            if n in instances
+        }
+        label_key = settings.AKRI_QUEUES["LABEL_KEY"]
+        labelled = InstanceLabels.objects.filter(
+            namespace=namespace,
+            name__in=Instance.objects.filter(namespace=namespace, configuration_name=name).values(
+                "name"
+            ),
+        )
+        for n, labels in labelled.values_list("name", "labels"):
+            if (labels or {}).get(label_key):
+                owners[n] = labels[label_key]
+        accounted = self.rules().accounts(AKRI, name)
+        return cl_request(name, count, row.unique_devices, instances, owners, accounted)
 
 
 # The queue systems' objects change rarely and reading them all took half of each review
@@ -153,28 +246,57 @@ def _priority(obj: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def joined(namespace: str, pod: dict[str, Any]) -> list[Joined]:
-    """The claims and Instances a new pod would use, with their owners as the cache knows."""
-    claims = pod_claims(pod)
-    instances = _instances_requested(pod)
-    out = [_joined(DRA, namespace, c) for c in claims]
-    if instances:
-        akri_ns = settings.AKRI["NAMESPACE"]
-        known = Instance.objects.filter(namespace=akri_ns, name__in=instances)
-        out += [_joined(AKRI, akri_ns, n) for n in known.values_list("name", flat=True)]
-    return out
+def joined(
+    namespace: str, pod: dict[str, Any], lookup: Lookup
+) -> tuple[list[Joined], list[ClRequest]]:
+    """The claims and Instances a new pod would use, with their owners as the cache knows, and
+    its Configuration-level requests (``akri.sh/<configuration>``)."""
+    out = [lookup.claim(DRA, namespace, c) for c in pod_claims(pod)]
+    cl = []
+    akri_ns = settings.AKRI["NAMESPACE"]
+    for name, count in sorted(akri_requests(pod).items()):
+        request = lookup.configuration(name, count)
+        if request is not None:
+            cl.append(request)
+        else:
+            out.append(lookup.claim(AKRI, akri_ns, name))
+    return out, cl
 
 
-def _instances_requested(pod: dict[str, Any]) -> set[str]:
-    """Instances named by ``akri.sh/<instance>`` requests or limits of any container."""
+def akri_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """``akri.sh/<name>`` -> devices the pod asks for: the larger of its containers' sum and
+    any one init container's (as the scheduler counts a pod's request)."""
     spec = pod.get("spec") or {}
-    names = set()
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        resources = container.get("resources") or {}
-        for key in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}:
-            if key.startswith(AKRI_PREFIX):
-                names.add(key[len(AKRI_PREFIX) :])
-    return names
+    for key in ("containers", "initContainers"):
+        if not isinstance(spec.get(key) or [], list):
+            raise TypeError(f"spec.{key} must be a list")
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        for name, count in _requested(container).items():
+            total[name] = total.get(name, 0) + count
+    for container in spec.get("initContainers") or []:
+        for name, count in _requested(container).items():
+            total[name] = max(total.get(name, 0), count)
+    return total
+
+
+def _requested(container: Any) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    found: dict[str, int] = {}
+    for key in ("limits", "requests"):
+        for name, value in (resources.get(key) or {}).items():
+            if name.startswith(AKRI_PREFIX):
+                found.setdefault(name[len(AKRI_PREFIX) :], _count(value))
+    return found
+
+
+def _count(value: Any) -> int:
+    """An extended resource's quantity (an integer; anything else counts as one device: the
+    API server refuses such a pod itself)."""
+    try:
+        return max(int(str(value)), 1)
+    except ValueError:
+        return 1
 
 
 def _joined(kind: str, namespace: str, name: str) -> Joined:

@@ -47,7 +47,8 @@ def can_view(user: Any) -> bool:
 
 
 def can_release(user: Any) -> bool:
-    """May ``user`` release slots by hand? Releasing goes through the Django admin: staff only."""
+    """May ``user`` release slots by hand (on the slot map or in the Django admin)? Staff only,
+    so that both places agree on who may."""
     return bool(
         user is not None
         and user.is_authenticated

@@ -7,6 +7,7 @@ Scripts sign in with a per-user token (``Authorization: Token <key>``, DRF's aut
 with ``manage.py apitoken`` or in the admin); a token carries exactly its user's role. As on the
 pages, a query parameter the endpoint does not know, a node name nothing knows or an
 ``ordering`` field that is not offered is a 400 naming it: a typo must not read as "no rows".
+Interactive documentation (Swagger UI, from static files) at ``/api/docs/``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.db.models import Q, QuerySet
 from django.urls import path
 from django_filters import rest_framework as filters
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import serializers, viewsets
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import ValidationError
@@ -29,6 +30,7 @@ from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
+from akri_site.dashboard import charts
 from akri_site.dashboard.access import can_view
 from akri_site.dashboard.forms import known_nodes
 from akri_site.dashboard.queries import RUN_FIELDS
@@ -191,6 +193,25 @@ class StrictOrdering(OrderingFilter):
                 {"ordering": [f"Cannot order by {', '.join(bad)}; choose from: {offered}."]}
             )
         return [*fields, "id"] if "id" not in {f.lstrip("-") for f in fields} else list(fields)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        """The schema names the fields offered (``a,-b``: a comma-separated list)."""
+        fields = list(view.ordering_fields)
+        return [
+            {
+                "name": self.ordering_param,
+                "required": False,
+                "in": "query",
+                "description": "Fields to order by, comma-separated, `-` for descending "
+                f"(the id breaks ties): {', '.join(fields)}.",
+                "schema": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": [*fields, *(f"-{f}" for f in fields)]},
+                },
+                "style": "form",
+                "explode": False,
+            }
+        ]
 
 
 class _NodeForm(forms.Form):
@@ -376,6 +397,19 @@ class SchemaView(SpectacularAPIView):
     }
 
 
+class DocsView(SpectacularSwaggerSplitView):
+    """``/api/docs/``: Swagger UI over ``/api/schema/``, same sign-in as the API. The split view
+    serves its start-up script from ``?script`` rather than inline, so the site's
+    Content-Security-Policy holds here too."""
+
+    authentication_classes = AUTHENTICATION
+    permission_classes = [IsViewer]
+    schema = None
+    template_name = "dashboard/api_docs.html"
+    title = "akri-site API"
+    url_name = "api:schema"
+
+
 class ApiRoot(APIRootView):
     authentication_classes = AUTHENTICATION
     permission_classes = [IsViewer]
@@ -397,5 +431,10 @@ router.register("events", EventViewSet, basename="event")
 app_name = "api"
 urlpatterns = [
     path("schema/", SchemaView.as_view(), name="schema"),
+    path("charts/usage/", charts.UsageView.as_view(), name="chart-usage"),
+    path(
+        "charts/release-latency/", charts.ReleaseLatencyView.as_view(), name="chart-release-latency"
+    ),
+    path("docs/", DocsView.as_view(), name="docs"),
     *router.urls,
 ]

@@ -1,5 +1,5 @@
 from django.apps import AppConfig, apps
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_migrate, post_save
 
 
 class DashboardConfig(AppConfig):
@@ -16,6 +16,12 @@ class DashboardConfig(AppConfig):
         # which transactional tests run between tests.
         post_migrate.connect(
             ensure_roles, sender=apps.get_app_config("agent"), dispatch_uid="akri-dashboard-roles"
+        )
+        from agent.models import AuditEntry
+        from akri_site.dashboard.live import audit_entry_saved
+
+        post_save.connect(
+            audit_entry_saved, sender=AuditEntry, dispatch_uid="akri-dashboard-audit-live"
         )
         from agent import bench
 

@@ -36,6 +36,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.core.paginator import Paginator
 from django.db import DatabaseError
 from django.utils import timezone
 
@@ -46,7 +47,7 @@ from akri_site.dashboard.access import can_release, can_view
 from akri_site.dashboard.forms import SlotFilterForm
 from akri_site.dashboard.fragments import instances_html, runs_html
 from akri_site.dashboard.live import LIVE_GROUP
-from akri_site.dashboard.slotmap import iso, matching, narrow, page_of, summary
+from akri_site.dashboard.slotmap import PAGE, iso, matching, narrow, page_of, summary
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,6 @@ CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_UNAVAILABLE = 1013  # "try again later": the channel layer cannot be reached
 MAX_FRAME = 16 * 1024
-# Instances in a snapshot: the page itself was rendered by the server, the snapshot only
-# catches up; beyond this the browser is told to reload instead.
-SNAPSHOT_LIMIT = 500
 SNAPSHOT_RUNS = 20
 
 
@@ -65,7 +63,7 @@ class BadFrame(Exception):
     """A frame this socket cannot act on; the message is sent to the client."""
 
 
-def _validate(view: Any, filters: Any) -> tuple[str, dict[str, str]]:
+def _validate(view: Any, filters: Any) -> tuple[str, dict[str, str], int]:
     if not isinstance(filters, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in filters.items()
     ):
@@ -75,25 +73,32 @@ def _validate(view: Any, filters: Any) -> tuple[str, dict[str, str]]:
     if not form.is_valid():
         problems = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
         raise BadFrame(f"bad filters: {problems}")
-    return form.cleaned_data["view"] or "slots", form.filters()
+    return form.cleaned_data["view"] or "slots", form.filters(), form.cleaned_data["page"] or 1
 
 
-def _snapshot(view: str, filters: dict[str, str], release: bool) -> dict[str, Any]:
+def _snapshot(
+    view: str, filters: dict[str, str], release: bool, page: int = 1
+) -> tuple[dict[str, Any], set[str] | None]:
+    """The snapshot, and the keys of the Instances on the viewer's page when the view is one
+    page of several (deltas for the others are not sent); None: every matching Instance."""
     instances: list[dict[str, Any]] = []
-    truncated = False
+    keys: set[str] | None = None
     if view == "slots":
-        instances = page_of(matching(filters)[: SNAPSHOT_LIMIT + 1], filters)
-        truncated = len(instances) > SNAPSHOT_LIMIT
-        instances = instances[:SNAPSHOT_LIMIT]
+        paginator = Paginator(matching(filters), PAGE)
+        shown = paginator.get_page(page)
+        instances = page_of(shown.object_list, filters)
+        if paginator.num_pages > 1:
+            keys = {row["key"] for row in instances}
     recent = list(
         reversed(queries.runs(ReconcileRun.objects.order_by("-started_at", "-id")[:SNAPSHOT_RUNS]))
     )
     return {
         "type": "snapshot",
         "view": view,
+        "page": page,
         "filters": filters,
         "instances": instances,
-        "truncated": truncated,
+        "truncated": False,  # the snapshot is the viewer's whole page
         "instance_total": Instance.objects.count(),
         "runs": recent,
         "html": instances_html(instances, release),
@@ -101,7 +106,7 @@ def _snapshot(view: str, filters: dict[str, str], release: bool) -> dict[str, An
         "summary": summary(),
         "sync": queries.sync_status(),
         "at": iso(timezone.now()),
-    }
+    }, keys
 
 
 def recheck(session_key: str | None) -> tuple[int | None, bool]:
@@ -123,56 +128,31 @@ def recheck(session_key: str | None) -> tuple[int | None, bool]:
     return None, can_release(user)
 
 
-class LiveConsumer(AsyncJsonWebsocketConsumer):
-    view = "slots"
-    filters: dict[str, str]
-    joined = False
+class SessionRecheck:
+    """A websocket consumer that does not outlive what let it in.
+
+    ``start_rechecks()`` (after accept) re-reads the session every ``AKRI_WS_RECHECK_SECONDS``;
+    a consumer also calls ``still_allowed()`` before answering a frame. When the session has
+    ended the socket gets an error frame and is closed with 4401, when the role is gone with
+    4403. ``release`` follows the user's current right to release slots.
+    """
+
     release = False
     session_key: str | None = None
     watchdog: asyncio.Task | None = None
     shut = False  # closed by the re-check
+    socket_name = "live"
 
-    async def connect(self) -> None:
-        user = self.scope.get("user")
-        if not await database_sync_to_async(can_view)(user):
-            # Before accept: the handshake is refused (HTTP 403 to the browser).
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        self.filters = {}
-        self.release = await database_sync_to_async(can_release)(user)
+    def start_rechecks(self) -> None:
         session = self.scope.get("session")
         self.session_key = getattr(session, "session_key", None)
-        # Join before accepting: a socket that cannot get deltas (the channel layer's Redis is
-        # down) is refused, so the page says Reconnecting, then Stale, never a false Live.
-        try:
-            await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
-        except Exception as exc:
-            log.warning("live: refusing a websocket, the channel layer is unavailable: %s", exc)
-            await self.close(code=CLOSE_UNAVAILABLE)
-            return
-        self.joined = True
-        await self.accept()
         self.watchdog = asyncio.ensure_future(self._recheck_periodically())
-        WEBSOCKET_CLIENTS.inc()
-        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
-        await self._run(self._subscribe, {"view": query.pop("view", "slots"), "filters": query})
 
-    async def disconnect(self, code: int) -> None:
+    def stop_rechecks(self) -> None:
         if self.watchdog is not None:
             self.watchdog.cancel()
-        if self.joined:
-            self.joined = False
-            WEBSOCKET_CLIENTS.dec()
-            try:
-                await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
-            except Exception as exc:  # the membership expires on its own in Redis
-                log.info("live: leaving the group failed: %s", exc)
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if await self._still_allowed():
-            await self._run(self._dispatch, text_data, bytes_data)
-
-    async def _still_allowed(self) -> bool:
+    async def still_allowed(self) -> bool:
         if self.shut:
             return False
         if self.scope.get("session") is None:
@@ -185,7 +165,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return False
         self.shut = True
         why = "signed out" if code == CLOSE_SIGNED_OUT else "your dashboard role was removed"
-        log.info("live: closing a websocket: %s", why)
+        log.info("%s: closing a websocket: %s", self.socket_name, why)
         await self.send_json({"type": "error", "error": why, "close_code": code})
         await self.close(code=code, reason=why)
         await self.disconnect(code)
@@ -197,11 +177,60 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             while True:
                 await asyncio.sleep(every)
                 try:
-                    if not await self._still_allowed():
+                    if not await self.still_allowed():
                         return
                 except DatabaseError as exc:
                     # An outage is not a sign-out: keep the socket, ask again next time.
-                    log.warning("live: cannot re-check a websocket's session now: %s", exc)
+                    log.warning(
+                        "%s: cannot re-check a websocket's session now: %s", self.socket_name, exc
+                    )
+
+
+class LiveConsumer(SessionRecheck, AsyncJsonWebsocketConsumer):
+    view = "slots"
+    filters: dict[str, str]
+    page = 1
+    page_keys: set[str] | None = (
+        None  # the Instances on the viewer's page, when it is one of several
+    )
+    joined = False
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if not await database_sync_to_async(can_view)(user):
+            # Before accept: the handshake is refused (HTTP 403 to the browser).
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.filters = {}
+        self.release = await database_sync_to_async(can_release)(user)
+        # Join before accepting: a socket that cannot get deltas (the channel layer's Redis is
+        # down) is refused, so the page says Reconnecting, then Stale, never a false Live.
+        try:
+            await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        except Exception as exc:
+            log.warning("live: refusing a websocket, the channel layer is unavailable: %s", exc)
+            await self.close(code=CLOSE_UNAVAILABLE)
+            return
+        self.joined = True
+        await self.accept()
+        self.start_rechecks()
+        WEBSOCKET_CLIENTS.inc()
+        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
+        await self._run(self._subscribe, {"view": query.pop("view", "slots"), "filters": query})
+
+    async def disconnect(self, code: int) -> None:
+        self.stop_rechecks()
+        if self.joined:
+            self.joined = False
+            WEBSOCKET_CLIENTS.dec()
+            try:
+                await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+            except Exception as exc:  # the membership expires on its own in Redis
+                log.info("live: leaving the group failed: %s", exc)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if await self.still_allowed():
+            await self._run(self._dispatch, text_data, bytes_data)
 
     async def _run(self, handler: Any, *args: Any) -> None:
         try:
@@ -244,14 +273,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         )
 
     async def _subscribe(self, content: dict[str, Any]) -> None:
-        self.view, self.filters = await database_sync_to_async(_validate)(
+        self.view, self.filters, self.page = await database_sync_to_async(_validate)(
             content.get("view"), content.get("filters", {})
         )
         await self._send_snapshot()
 
     async def _send_snapshot(self) -> None:
         snapshot = database_sync_to_async(_snapshot)
-        await self.send_json(await snapshot(self.view, self.filters, self.release))
+        message, self.page_keys = await snapshot(self.view, self.filters, self.release, self.page)
+        await self.send_json(message)
 
     @database_sync_to_async
     def _sync_status(self) -> dict[str, Any]:
@@ -262,7 +292,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         instances: list[dict[str, Any]] = []
         removed = list(event.get("removed", []))
         if self.view == "slots":
+            shown = self.page_keys
+            if shown is not None:
+                # One page of a large map: only its rows are this socket's business.
+                removed = [key for key in removed if key in shown]
             for row in event.get("instances", []):
+                if shown is not None and row["key"] not in shown:
+                    continue
                 narrowed = narrow(row, self.filters)
                 if narrowed is None:
                     # No longer (or never) in this view: the page drops it if it shows it.
@@ -281,6 +317,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 "runs": runs,
                 "html": html,
                 "runs_html": run_rows,
+                "audit": bool(event.get("audit")),
                 "summary": event.get("summary"),
                 "sync": event.get("sync"),
                 "at": event.get("at"),

@@ -8,7 +8,7 @@ not read "0 slots" as "this node holds nothing".
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,19 +47,28 @@ RANGE_DELTAS = {
 DEFAULT_RANGE = "24h"
 
 
-def known_nodes() -> set[str]:
-    """Nodes in the node cache, and nodes holding slots (a node gone may still hold some)."""
+def known_nodes(holders: Iterable[str] | None = None) -> set[str]:
+    """Nodes in the node cache, and nodes holding slots (a node gone may still hold some).
+    ``holders``: the nodes holding slots when the caller has counted them already."""
     names = set(Node.objects.values_list("name", flat=True))
-    # order_by(): the model's default ordering would make DISTINCT return every row.
-    holders = Slot.objects.exclude(holder_node="").order_by().values_list("holder_node")
-    names.update(name for (name,) in holders.distinct())
+    if holders is None:
+        # order_by(): the model's default ordering would make DISTINCT return every row.
+        rows = Slot.objects.exclude(holder_node="").order_by().values_list("holder_node")
+        holders = (name for (name,) in rows.distinct())
+    names.update(holders)
     return names
+
+
+def is_known_node(name: str) -> bool:
+    """``name in known_nodes()``, in two indexed lookups instead of a scan of every slot."""
+    return Node.objects.filter(name=name).exists() or Slot.objects.filter(holder_node=name).exists()
 
 
 def _visible_to(node: str) -> bool:
     """Does any Instance list ``node``? (Nodes may be missing from the Node cache.)"""
-    # The JSON text of ``nodes`` holds each name quoted (as in ``slotmap.matching``).
-    return Instance.objects.filter(nodes__icontains=json.dumps(node)).exists()
+    from akri_site.dashboard.slotmap import visible_to
+
+    return Instance.objects.filter(visible_to(node)).exists()
 
 
 class _PageMixin(forms.Form):
@@ -79,6 +88,18 @@ class SlotFilterForm(_PageMixin):
     pod = forms.CharField(
         required=False, max_length=507, label="Pod contains", help_text="namespace/name, or part"
     )
+    # The order of Instances (``sorting.SLOT_MAP``): part of the view, so the live feed's page
+    # of a sorted map holds the rows the page shows.
+    sort = forms.CharField(required=False, max_length=64)
+
+    def clean_sort(self) -> str:
+        from akri_site.dashboard.sorting import SLOT_MAP, BadSort
+
+        try:
+            chosen = SLOT_MAP.parse({"sort": self.cleaned_data["sort"]})
+        except BadSort as exc:
+            raise forms.ValidationError(str(exc).removeprefix("sort: ")) from None
+        return "" if chosen.is_default else chosen.value
 
     def clean_configuration(self) -> str:
         name = self.cleaned_data["configuration"].strip()
@@ -111,13 +132,13 @@ class SlotFilterForm(_PageMixin):
 
     def clean_node(self) -> str:
         node = self.cleaned_data["node"].strip()
-        if node and node not in known_nodes() and not _visible_to(node):
+        if node and not is_known_node(node) and not _visible_to(node):
             raise forms.ValidationError(f"No node named “{node}” is known.")
         return node
 
     def filters(self) -> dict[str, str]:
         """The non-empty slot filters, in a stable order (also the live subscription)."""
-        keys = ("configuration", "namespace", "instance", "node", "state", "q", "pod")
+        keys = ("configuration", "namespace", "instance", "node", "state", "q", "pod", "sort")
         return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k)}
 
 
@@ -163,14 +184,19 @@ class RunFilterForm(_RangeMixin):
     )
     node = forms.CharField(required=False, max_length=253)
     result = forms.ChoiceField(choices=RESULTS, required=False)
+    # Most runs change nothing (a sweep every 10 s per node): without a result filter, only
+    # runs that did something are listed unless ``show=all`` asks for every run.
+    show = forms.ChoiceField(
+        choices=(("", "runs that did something"), ("all", "all runs")), required=False
+    )
+
+    def hides_uneventful(self) -> bool:
+        data = self.cleaned_data
+        return not data.get("result") and data.get("show") != "all"
 
     def clean_node(self) -> str:
         node = self.cleaned_data["node"].strip()
-        if (
-            node
-            and not ReconcileRun.objects.filter(node=node).exists()
-            and node not in known_nodes()
-        ):
+        if node and not ReconcileRun.objects.filter(node=node).exists() and not is_known_node(node):
             raise forms.ValidationError(f"No node named “{node}” is known.")
         return node
 

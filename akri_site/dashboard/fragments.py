@@ -54,8 +54,9 @@ def link_prefixes() -> dict[str, str]:
         "node_url": f"{root}nodes/",
         "instance_url": f"{root}instances/",
         "configuration_url": f"{root}configurations/",
-        "release_url": reverse("admin:agent_slot_changelist"),
+        "release_url": reverse("dashboard:slots"),
         "slots_url": reverse("dashboard:slots"),
+        "pod_url": f"{root}pods/",
     }
 
 
@@ -73,8 +74,13 @@ def stuck_mark(slot: Mapping[str, Any], can_release: bool, instance_href: str) -
 
 
 def slot_cell(
-    slot: Mapping[str, Any], matched: bool, can_release: bool, instance_href: str = ""
+    slot: Mapping[str, Any],
+    matched: bool,
+    can_release: bool,
+    instance_href: str = "",
+    back: str = "",
 ) -> str:
+    """One slot's cell; ``back`` is the release link's query (``?back=...``: the map's view)."""
     p = link_prefixes()
     state = slot["state"]
     key = escape(slot["key"])
@@ -105,9 +111,9 @@ def slot_cell(
         node = escape(node)
         out.append(f'<br><a class="node" href="{p["node_url"]}{node}/">{node}</a>')
     if slot["pod"]:
-        # The pod links to every slot it holds (several containers, IL and CL alike).
-        href = escape(f"{p['slots_url']}?pod={quote(slot['pod'], safe='/')}")
-        pod = f'<a class="pod" href="{href}" title="Every slot this pod holds">{escape(slot["pod"])}</a>'
+        # The pod's page: every slot it holds (several containers, IL and CL alike), its queue.
+        href = escape(f"{p['pod_url']}{quote(slot['pod'], safe='/')}/")
+        pod = f'<a class="pod" href="{href}" title="This pod\'s slots, queue and events">{escape(slot["pod"])}</a>'
         if slot["container"]:
             pod += f" / {escape(slot['container'])}"
         out.append(f"<br>{pod}")
@@ -121,14 +127,29 @@ def slot_cell(
         out.append(stuck_mark(slot, can_release, instance_href))
     if can_release and state != "free":
         out.append(
-            f'<br><a class="button small" href="{p["release_url"]}{slot["id"]}/release/" '
+            f'<br><a class="button small release" data-release '
+            f'href="{p["release_url"]}{slot["id"]}/release/{back}" '
             f'aria-label="Release {key}…">Release…</a>'
         )
     out.append("</td>")
     return "".join(out)
 
 
-def instance_row(instance: Mapping[str, Any], can_release: bool) -> str:
+NODES_SHOWN = 3  # node names in an Instance's row; a camera every node sees lists 1,000
+
+
+def nodes_text(nodes: list[str]) -> str:
+    """The nodes that can see an Instance, at most NODES_SHOWN named (HTML, escaped)."""
+    if not nodes:
+        return "no node"
+    shown = ", ".join(escape(n) for n in nodes[:NODES_SHOWN])
+    more = len(nodes) - NODES_SHOWN
+    if more <= 0:
+        return shown
+    return f'{shown} <span class="meta">and {more} more</span>'
+
+
+def instance_row(instance: Mapping[str, Any], can_release: bool, back: str = "") -> str:
     """One ``<tr>`` of the grid: the Instance, who can see it, then one cell per slot index."""
     p = link_prefixes()
     key = escape(instance["key"])
@@ -141,7 +162,7 @@ def instance_row(instance: Mapping[str, Any], can_release: bool) -> str:
     facts.append("shared" if instance["shared"] else "not shared")
     if instance["deleting"]:
         facts.append("<strong>being deleted</strong>")
-    nodes = ", ".join(escape(n) for n in instance["nodes"]) or "no node"
+    nodes = nodes_text(instance["nodes"])
     out = [
         f'<tr data-instance="{key}" data-configuration="{escape(instance["configuration"])}">',
         f'<th scope="row"><a href="{p["instance_url"]}{key}/">{escape(instance["name"])}</a>'
@@ -161,7 +182,7 @@ def instance_row(instance: Mapping[str, Any], can_release: bool) -> str:
             continue
         for slot in slots:
             matches = matched is None or slot["key"] in matched
-            out.append(slot_cell(slot, matches, can_release, f"{p['instance_url']}{key}/"))
+            out.append(slot_cell(slot, matches, can_release, f"{p['instance_url']}{key}/", back))
     if not instance["slots"]:
         out.append('<td class="empty">no slot rows in the cache yet</td>')
     out.append("</tr>")
@@ -175,9 +196,28 @@ def _count(name: str, which: str, value: int) -> str:
     return f'<span data-count-config="{name}" data-count="{which}">{value}</span>'
 
 
-def slot_grid(groups: Iterable[Mapping[str, Any]], can_release: bool) -> SafeString:
-    """One section and table per Configuration: rows are Instances, columns slot indexes."""
+# The header's skip link lands on the first slot table of a page (issue 17).
+FIRST_TABLE = ' id="first-slot-table" tabindex="-1"'
+
+
+def release_back(query: str) -> str:
+    """The release link's query carrying the slot map's view (filters, sort, page)."""
+    return escape(f"?back={quote(query, safe='')}") if query else ""
+
+
+def slot_grid(
+    groups: Iterable[Mapping[str, Any]],
+    can_release: bool,
+    back: str = "",
+    instance_head: str = '<th scope="col">Instance</th>',
+) -> SafeString:
+    """One section and table per Configuration: rows are Instances, columns slot indexes.
+
+    ``back``: the view's query, carried by release links so the operator lands back on it;
+    ``instance_head``: the first column's header (the slot map's is a sort link).
+    """
     p = link_prefixes()
+    suffix = release_back(back)
     out = []
     for n, group in enumerate(groups, 1):
         name = escape(group["name"])
@@ -196,13 +236,13 @@ def slot_grid(groups: Iterable[Mapping[str, Any]], can_release: bool) -> SafeStr
             f'<span class="state state-foreign"><span aria-hidden="true">⚠</span> '
             f"{_count(name, 'foreign', c['foreign'])} foreign</span> · "
             f"{_count(name, 'surplus', c['surplus'])} surplus</p>"
-            f'<div class="grid"><table class="slotgrid">'
+            f'<div class="grid"><table class="slotgrid"{FIRST_TABLE if n == 1 else ""}>'
             f'<caption class="visually-hidden">Slots of Configuration {name}: one row per '
             f"Instance, one column per slot</caption>"
-            f'<thead><tr><th scope="col">Instance</th><th scope="col">Visible to</th>{heads}'
+            f'<thead><tr>{instance_head}<th scope="col">Visible to</th>{heads}'
             f"</tr></thead><tbody>"
         )
-        out.extend(instance_row(i, can_release) for i in group["instances"])
+        out.extend(instance_row(i, can_release, suffix) for i in group["instances"])
         out.append("</tbody></table></div></section>")
     if out:
         out.insert(0, LEGEND)

@@ -8,7 +8,9 @@ of Instances.
 
 from __future__ import annotations
 
-import json
+import copy
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +21,8 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from agent.models import Instance, Slot, SlotEvent, SlotPodBinding
+from agent.models import Instance, Slot, SlotEvent, SlotPodBinding, visible_to
+from akri_site.dashboard.sorting import SLOT_MAP, Sorted
 
 HELD_LEVELS = (Slot.Level.IL, Slot.Level.CL)
 _INSTANCE_FIELDS = (
@@ -75,6 +78,9 @@ STUCK_KINDS = {
     "conflict": "recent conflict",
 }
 CONFLICT_WINDOW = timedelta(hours=1)
+# Instances per slot-map page (800 slots at 4 each): what a screen shows and a server renders
+# in tens of milliseconds at any cluster size. The live feed of a page carries only its rows.
+PAGE = 200
 
 
 @dataclass(frozen=True)
@@ -358,7 +364,8 @@ def matching(filters: Mapping[str, str], rules: StuckRules | None = None) -> Que
     all to show one page cost seconds whatever the page held.
 
     For the stuck states, ``narrow`` agrees when its slots were serialized with the same
-    ``rules`` (the page passes one to both)."""
+    ``rules`` (the page passes one to both). ``filters["sort"]`` orders the Instances within
+    each Configuration (``sorting.SLOT_MAP``), in SQL so that pages follow each other."""
     qs = base_queryset(filters)
     state, pod, node = filters.get("state"), filters.get("pod"), filters.get("node")
     wanted = Q()
@@ -374,8 +381,7 @@ def matching(filters: Mapping[str, str], rules: StuckRules | None = None) -> Que
         wanted &= pod_slots_query(pod)
     slots = Slot.objects.filter(instance=OuterRef("pk"))
     if node:
-        # The JSON text of ``nodes`` holds each name quoted: a portable "node in nodes".
-        visible = Q(nodes__icontains=json.dumps(node))
+        visible = visible_to(node)
         takeable = Exists(slots.filter(wanted).exclude(level__in=HELD_LEVELS))
         condition = Q(Exists(slots.filter(wanted, holder_node=node))) | (visible & Q(takeable))
         if not (state or pod):
@@ -383,7 +389,33 @@ def matching(filters: Mapping[str, str], rules: StuckRules | None = None) -> Que
         qs = qs.filter(condition)
     elif state or pod:
         qs = qs.filter(Exists(slots.filter(wanted)))
-    return qs.order_by("configuration_name", "namespace", "name")
+    sort = SLOT_MAP.parse(filters)
+    if sort.is_default:
+        return qs.order_by("configuration_name", "namespace", "name")
+    return _with_counts(qs, sort).order_by(
+        "configuration_name", *sort.order_by("namespace", "name")
+    )
+
+
+_COUNTED_LEVELS = {
+    "held": HELD_LEVELS,
+    "free": (Slot.Level.FREE,),
+    "foreign": (Slot.Level.FOREIGN,),
+}
+
+
+def _with_counts(qs: QuerySet[Instance], sort: Sorted) -> QuerySet[Instance]:
+    """The Instances with the slot count ``sort`` orders by (``n_held``, ...), if it needs one."""
+    levels = _COUNTED_LEVELS.get(sort.key)
+    if levels is None:
+        return qs
+    return qs.annotate(**{f"n_{sort.key}": Count("slots", filter=Q(slots__level__in=levels))})
+
+
+def sort_instances(qs: QuerySet[Instance], sort: Sorted) -> QuerySet[Instance]:
+    """A Configuration's Instances in the order ``sort`` (``sorting.CONFIGURATION_INSTANCES``)
+    chose, in SQL so that its pages follow each other."""
+    return _with_counts(qs, sort).order_by(*sort.order_by("namespace", "name", "id"))
 
 
 def narrowed(
@@ -407,9 +439,11 @@ def slot_map(filters: Mapping[str, str]) -> list[dict[str, Any]]:
 def page_of(
     qs: QuerySet[Instance], filters: Mapping[str, str], rules: StuckRules | None = None
 ) -> list[dict[str, Any]]:
-    """A slice of ``matching()`` (a page), serialized and narrowed."""
+    """A slice of ``matching()`` (a page), serialized and narrowed, in the slice's order."""
     ids = list(qs.values_list("pk", flat=True))
-    return narrowed(Instance.objects.filter(pk__in=ids), filters, rules)
+    place = {pk: n for n, pk in enumerate(ids)}
+    rows = narrowed(Instance.objects.filter(pk__in=ids), filters, rules)
+    return sorted(rows, key=lambda row: place[row["id"]])
 
 
 def columns(instances: Iterable[Mapping[str, Any]]) -> int:
@@ -449,8 +483,38 @@ def stuck_counts(rules: StuckRules | None = None) -> dict[str, int]:
     return {kind: Slot.objects.filter(rules.query(kind)).count() for kind in STUCK_STATES}
 
 
+class CostlyReuse:
+    """Wraps a read of the whole cache so that an answer which took a while (hundreds of
+    milliseconds or more at 40,000 Instances) is reused for ``factor`` times its cost: the
+    slot map, the overview and every live delta ask for such counts, and at that size each
+    would otherwise recount the whole table. Cheap answers (any cluster of a few thousand
+    Instances, and every test) are always computed afresh."""
+
+    CHEAP_SECONDS = 0.05
+
+    def __init__(self, fn: Any, factor: float) -> None:
+        self.fn, self.factor = fn, factor
+        self._lock = threading.Lock()
+        self._at, self._cost, self._value = float("-inf"), 0.0, None
+
+    def __call__(self) -> Any:
+        with self._lock:
+            at, cost, value = self._at, self._cost, self._value
+        if cost >= self.CHEAP_SECONDS and time.monotonic() - at < self.factor * cost:
+            return copy.deepcopy(value)
+        started = time.monotonic()
+        value = self.fn()
+        with self._lock:
+            self._at, self._cost, self._value = started, time.monotonic() - started, value
+        return copy.deepcopy(value)
+
+
 def summary() -> dict[str, Any]:
     """Slot counts per Configuration and per holder node, over the whole cache."""
+    return _summary()
+
+
+def _count_summary() -> dict[str, Any]:
     per_config: dict[str, dict[str, int]] = {}
     per_node: dict[str, dict[str, int]] = {}
     totals = {"total": 0, "held": 0, "free": 0, "foreign": 0, "surplus": 0}
@@ -477,3 +541,6 @@ def summary() -> dict[str, Any]:
         "configurations": dict(sorted(per_config.items())),
         "nodes": dict(sorted(per_node.items())),
     }
+
+
+_summary = CostlyReuse(_count_summary, factor=4)

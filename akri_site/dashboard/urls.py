@@ -1,18 +1,27 @@
 from django.urls import path
 
-from akri_site.dashboard import scheduling, views
+from akri_site.dashboard import finding, releasing, scheduling, views
 
 app_name = "dashboard"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("slots/", views.slot_map, name="slots"),
+    path("slots/<int:pk>/release/", releasing.release_slot, name="release"),
+    path("search/", finding.search, name="search"),
+    path("pods/<str:namespace>/<str:name>/", finding.pod_detail, name="pod"),
     path("instances/<str:namespace>/<str:name>/", views.instance_detail, name="instance"),
     path(
         "configurations/<str:namespace>/<str:name>/",
         views.configuration_detail,
         name="configuration",
     ),
+    path(
+        "configurations/<str:namespace>/<str:name>/yaml/",
+        finding.configuration_yaml,
+        name="configuration-yaml",
+    ),
+    path("instances/<str:namespace>/<str:name>/yaml/", finding.instance_yaml, name="instance-yaml"),
     path("nodes/<str:name>/", views.node_detail, name="node"),
     path("reconciliation/", views.runs, name="runs"),
     path("reconciliation/<int:pk>/", views.run_detail, name="run"),

@@ -16,7 +16,9 @@
         var holder = document.createElement("div");
         holder.innerHTML = html;
         var fresh = holder.querySelector("#brokers");
-        if (fresh) block.replaceWith(fresh);
+        if (!fresh) return;
+        block.replaceWith(fresh);
+        if (window.akriTimes) window.akriTimes.render(fresh);
       })
       .catch(function (error) {
         var mark = block.querySelector("[data-brokers-state]");

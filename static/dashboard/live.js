@@ -34,51 +34,54 @@
   var pending = [];
   var overflowed = false;
 
-  // ---- times --------------------------------------------------------------------------------
-  function pad(n) { return n < 10 ? "0" + n : String(n); }
-  function utc() { return document.documentElement.dataset.tz === "utc"; }
-  function clock(d, seconds) {
-    var h = utc() ? d.getUTCHours() : d.getHours();
-    var m = utc() ? d.getUTCMinutes() : d.getMinutes();
-    var s = utc() ? d.getUTCSeconds() : d.getSeconds();
-    return pad(h) + ":" + pad(m) + (seconds ? ":" + pad(s) : "") + (utc() ? " UTC" : "");
-  }
-  function dateText(d) {
-    var now = new Date();
-    var y = utc() ? d.getUTCFullYear() : d.getFullYear();
-    var mo = (utc() ? d.getUTCMonth() : d.getMonth()) + 1;
-    var day = utc() ? d.getUTCDate() : d.getDate();
-    var today = utc()
-      ? now.getUTCFullYear() === y && now.getUTCMonth() + 1 === mo && now.getUTCDate() === day
-      : now.getFullYear() === y && now.getMonth() + 1 === mo && now.getDate() === day;
-    return (today ? "" : y + "-" + pad(mo) + "-" + pad(day) + " ") + clock(d, true);
-  }
-  function ago(d) {
-    var s = Math.max(0, Math.round((Date.now() - d.getTime()) / 1000));
-    if (s < 120) return s + " s ago";
-    if (s < 7200) return Math.floor(s / 60) + " min ago";
-    if (s < 172800) return Math.floor(s / 3600) + " h ago";
-    return Math.floor(s / 86400) + " d ago";
-  }
-  function renderTimes(root) {
-    var nodes = root.querySelectorAll("time[datetime]");
-    for (var i = 0; i < nodes.length; i++) {
-      var el = nodes[i];
-      var d = new Date(el.getAttribute("datetime"));
-      if (isNaN(d.getTime())) continue;
-      var text = el.hasAttribute("data-ago") ? dateText(d) + " (" + ago(d) + ")" : dateText(d);
-      if (el.parentElement && el.parentElement.hasAttribute("data-last-run")) text = ago(d);
-      if (el.textContent !== text) el.textContent = text;
-      el.title = d.toISOString();
-    }
-  }
+  // ---- times (static/dashboard/times.js) -------------------------------------------------------
+  var clock = window.akriTimes.clock;
+  var renderTimes = window.akriTimes.render;
 
   // ---- the mark -----------------------------------------------------------------------------
   function setMark(state, text) {
     if (!mark) return;
     // Only on change: the mark is an aria-live region, every write would be read out.
-    if (mark.dataset.state !== state) mark.dataset.state = state;
+    if (mark.dataset.state !== state) {
+      mark.dataset.state = state;
+      releaseActions(document);
+    }
     if (mark.textContent !== text) mark.textContent = text;
+  }
+
+  // ---- release actions ----------------------------------------------------------------------
+  // While the page is stale what it shows may be wrong, so its Release links are disabled and
+  // a notice says why; the server re-checks every release anyway (the value the operator saw).
+  function isStale() { return !!mark && mark.dataset.state === "stale"; }
+  function releaseActions(root) {
+    var stale = isStale();
+    var links = root.querySelectorAll("a[data-release]");
+    for (var i = 0; i < links.length; i++) {
+      var a = links[i];
+      if (stale && a.hasAttribute("href")) {
+        a.dataset.href = a.getAttribute("href");
+        a.removeAttribute("href");
+        a.setAttribute("aria-disabled", "true");
+        a.title = "Disabled while this page is stale";
+      } else if (!stale && a.dataset.href) {
+        a.setAttribute("href", a.dataset.href);
+        delete a.dataset.href;
+        a.removeAttribute("aria-disabled");
+        a.removeAttribute("title");
+      }
+    }
+    var why = document.getElementById("release-stale");
+    if (why) why.hidden = !stale;
+  }
+  // Rows from the live feed are rendered without this page's view: give their Release links
+  // the way back to it (filters, sort, page), as the server does for the rows it draws.
+  function releaseBack(row) {
+    var back = location.search.slice(1);
+    row.querySelectorAll("a[data-release]").forEach(function (a) {
+      var href = a.getAttribute("href");
+      if (href && back && href.indexOf("?") < 0) a.setAttribute("href", href + "?back=" + encodeURIComponent(back));
+    });
+    releaseActions(row);
   }
   function updateMark() {
     if (stopped) return;
@@ -98,6 +101,12 @@
     }
     if (sync && sync.watchers === 0) {
       setMark("stale", "Stale: cache never synced");
+      return;
+    }
+    if (sync && sync.syncing && sync.syncing.length) {
+      // A relist is being written page by page: live, but the counts are not whole yet.
+      var kinds = sync.syncing.map(function (w) { return w.kind.split("/").pop(); });
+      setMark("syncing", "Live, syncing " + kinds.join(", ") + ": counts partial");
       return;
     }
     setMark("live", "Live");
@@ -163,6 +172,7 @@
           }
           tbody.insertBefore(row, before);
         }
+        releaseBack(row);
         renderTimes(row);
         flash(row);
       });
@@ -201,6 +211,8 @@
   }
 
   function runMatches(table, run) {
+    // The history's default view leaves out runs that changed nothing (?show=all lists them).
+    if (table.hasAttribute("data-hide-nothing") && run.result === "nothing") return false;
     var keys = ["scope", "node", "trigger", "result"];
     for (var i = 0; i < keys.length; i++) {
       var want = table.getAttribute("data-filter-" + keys[i]);
@@ -244,6 +256,7 @@
         a.href = newest.url;
         var t = document.createElement("time");
         t.setAttribute("datetime", newest.started_at);
+        t.setAttribute("data-relative", "");
         a.appendChild(t);
         last.replaceChildren(a);
         renderTimes(last);
@@ -257,10 +270,52 @@
     }
   }
 
+  // Parts of a page marked data-live-refresh="audit" or "run-<id>" are fetched again (the same
+  // URL, rendered by the same templates) when a delta says an audit entry was written or that
+  // run changed, and after a reconnect; one fetch at a time, one more if asked meanwhile.
+  var refetching = false;
+  var refetchAgain = false;
+
+  function refetchParts() {
+    if (refetching) { refetchAgain = true; return; }
+    refetching = true;
+    window.fetch(location.href, { credentials: "same-origin" })
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.text(); })
+      .then(function (html) {
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-refresh]").forEach(function (el) {
+          var fresh = byAttr(doc, "data-live-refresh", el.dataset.liveRefresh);
+          if (!fresh || fresh.innerHTML === el.innerHTML) return;
+          var node = document.importNode(fresh, true);
+          el.replaceWith(node);
+          renderTimes(node);
+          flash(node);
+        });
+      })
+      .catch(function () { showNotice("Could not refresh this page's list: press Refresh.", true); })
+      .then(function () {
+        refetching = false;
+        if (refetchAgain) { refetchAgain = false; refetchParts(); }
+      });
+  }
+
+  function applyRefresh(msg, snapshot) {
+    var parts = document.querySelectorAll("[data-live-refresh]");
+    if (!parts.length) return;
+    var wanted = {};
+    if (msg.audit) wanted.audit = true;
+    (msg.runs || []).forEach(function (run) { wanted["run-" + run.id] = true; });
+    var hit = (snapshot && connectedOnce) || Array.prototype.some.call(parts, function (el) {
+      return wanted[el.dataset.liveRefresh];
+    });
+    if (hit) refetchParts();
+  }
+
   function apply(msg, snapshot) {
     if (msg.sync) sync = msg.sync;
     applyCounts(msg.summary);
     if (view === "slots") applyInstances(msg, snapshot);
+    applyRefresh(msg, snapshot);
     applyRuns(msg);
     if (snapshot && msg.truncated && connectedOnce) {
       showNotice("Reconnected. Changes made while offline may be missing from this long page.", true);

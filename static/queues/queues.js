@@ -76,11 +76,16 @@
         attempt = 0;
         apply(msg);
         var at = new Date(msg.at);
-        setMark("live", "Live: updated " + at.toLocaleTimeString());
+        setMark("live", "Live: updated " + (window.akriTimes ? window.akriTimes.clock(at, true) : at.toISOString()));
         document.body.dataset.queuesLive = msg.type;
       }
     };
-    ws.onclose = function () {
+    ws.onclose = function (event) {
+      if (event.code === 4401 || event.code === 4403 || event.code === 4400) {
+        // Signed out, role removed or refused: a new socket would be refused the same way.
+        setMark("stale", "Not live: " + (event.reason || "signed out") + " (reload the page)");
+        return;
+      }
       var wait = Math.min(30000, 500 * Math.pow(2, attempt));
       setMark(attempt > 3 ? "stale" : "reconnecting", attempt > 3 ? "Stale: reconnecting…" : "Reconnecting…");
       setTimeout(function () { connect(attempt + 1); }, wait);

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import signal
 import threading
 
 from django.conf import settings
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
 
 from agent.discovery.debugecho import DEFAULT_AVAILABILITY_PATH
@@ -17,10 +20,14 @@ from agent.node.agent import NodeAgent, default_handlers
 log = logging.getLogger(__name__)
 
 REGISTRATION_SOCKET_NAME = "agent-registration.sock"
+M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class Command(BaseCommand):
     help = "Run the node agent: discovery, Instances and the kubelet device plugins of one node."
+    # The model checks only: the others (admin, URLs, templates) import the web's views, REST
+    # framework and PostgreSQL driver, about 18 MB of every agent, for pages it never serves.
+    requires_system_checks = [checks.Tags.models]
 
     def add_arguments(self, parser):
         conf = settings.AKRI
@@ -64,6 +71,7 @@ class Command(BaseCommand):
         node = options["node_name"]
         if not node:
             raise CommandError("--node-name (or NODE_NAME) is required")
+        _fewer_malloc_arenas()
         stopping = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.set())
@@ -89,3 +97,12 @@ class Command(BaseCommand):
             self.stdout.write(f"agent for {node} stopping")
             agent.stop()
         self.stdout.write(f"agent for {node} stopped")
+
+
+def _fewer_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives threads that allocate at once arenas of their own, up to eight per core,
+    and memory freed in one stays with the process. The agent's threads (watches, the plugins'
+    gRPC, pools) each allocate little: two arenas hold it all with less left over. Elsewhere
+    than glibc, nothing happens."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)

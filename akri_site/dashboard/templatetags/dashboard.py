@@ -1,12 +1,24 @@
-"""Small filters for times and states; cheap, because the slot map calls them per row."""
+"""Small filters for times and states; cheap, because the slot map calls them per row.
+
+Times: one format everywhere. ``{{ t|when }}`` renders a ``<time>`` element whose text is the
+absolute time, ``2026-11-24 09:31:05 UTC``; ``static/dashboard/times.js`` rewrites it in the
+browser to the viewer's zone (or keeps UTC, by the header's toggle) in the same shape, and adds
+the relative age. ``|when:"ago"`` also shows the age in the text (``... (3 min ago)``: columns
+where "how long" is the question), ``|when:"relative"`` only the age (absolute in the title).
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from django import template
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+
+from akri_site.dashboard import fragments
 
 register = template.Library()
 
@@ -22,13 +34,34 @@ def _moment(value: str | datetime | None) -> datetime | None:
     return parse_datetime(value)
 
 
+_WHEN_STYLES = {"": "", "ago": " data-ago", "relative": " data-relative"}
+
+
 @register.filter
-def utc(value: str | datetime | None) -> str:
-    """``2026-11-22 05:03:12 UTC``; the browser rewrites it to local time unless UTC is chosen."""
+def when(value: str | datetime | None, style: str = "") -> SafeString | str:
+    """``<time datetime="2026-11-24T09:31:05Z">2026-11-24 09:31:05 UTC</time>``; ``—`` when
+    missing. ``style``: ``""`` (absolute), ``"ago"`` (absolute and age), ``"relative"`` (age)."""
     moment = _moment(value)
     if moment is None:
         return "—"
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    moment = moment.astimezone(UTC)
+    stamp = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    absolute = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if style == "relative":
+        text = ago(moment)
+    elif style == "ago":
+        text = f"{absolute} ({ago(moment)})"
+    else:
+        text = absolute
+    attrs = _WHEN_STYLES.get(style, "")
+    # Only digits, dashes, colons and letters from strftime: nothing to escape.
+    return mark_safe(f'<time datetime="{stamp}" title="{absolute}"{attrs}>{text}</time>')
+
+
+@register.simple_tag
+def now_when() -> SafeString | str:
+    """The current time as ``|when`` renders it ("loaded at", "read at")."""
+    return when(timezone.now())
 
 
 @register.filter
@@ -55,3 +88,51 @@ def icon(state: str) -> str:
 @register.filter
 def level_label(level: str) -> str:
     return _LEVELS.get(level, level)
+
+
+@register.simple_tag(takes_context=True)
+def sort_th(context: Any, param: str, key: str, label: str, css: str = "") -> str:
+    """A column header that sorts its table by ``param`` (``sorting.sortable``): a real link,
+    ``aria-sort`` on the sorted column and an arrow with words (never colour alone)."""
+    from akri_site.dashboard.sorting import sort_header, sorted_by
+
+    request = context.get("request")
+    current = sorted_by(request, param) if request is not None else None
+    if current is None:  # the same table where it is not sortable (a short "recent" excerpt)
+        return format_html('<th scope="col">{}</th>', label)
+    return sort_header(request.GET, current, key, label, css)
+
+
+@register.simple_tag(takes_context=True)
+def sorted_rows(context: Any, rows: Any, param: str) -> Any:
+    """``rows`` (a list, or a query set read whole) in the order ``param`` chose: for tables
+    that are not paged, so sorting the rows shown is sorting them all."""
+    from akri_site.dashboard.sorting import sorted_by
+
+    current = sorted_by(context.get("request"), param)
+    return rows if current is None else current.rows(rows)
+
+
+@register.simple_tag(takes_context=True)
+def sort_choices(context: Any, current: Any) -> list[dict[str, Any]]:
+    """A "Sort by" list for a view whose columns are not one table's headers (the slot map):
+    [{key, label, href, current, descending}] for the chosen sort ``current``."""
+    request = context.get("request")
+    if not current or request is None:
+        return []
+    return [
+        {
+            "key": key,
+            "label": label,
+            "href": current.table.link(request.GET, current, key),
+            "current": key == current.key,
+            "descending": current.descending,
+        }
+        for key, label in current.table.labels
+    ]
+
+
+@register.filter
+def nodes_text(nodes: list[str]) -> SafeString:
+    """An Instance's nodes as the slot map writes them: three named, then how many more."""
+    return mark_safe(fragments.nodes_text(list(nodes or [])))  # each name is escaped

@@ -29,6 +29,8 @@ class Command(BaseCommand):
             help="worker processes (default: one per core)",
         )
         parser.add_argument("--access-log", action="store_true", help="log every request")
+        parser.add_argument("--ssl-certfile", default="", help="serve HTTPS with this certificate")
+        parser.add_argument("--ssl-keyfile", default="", help="the certificate's private key")
 
     def handle(self, *args: Any, **options: Any) -> None:
         workers = options["workers"] or default_workers()
@@ -37,7 +39,17 @@ class Command(BaseCommand):
                 f"{workers} workers need a channel layer shared between processes, or "
                 "websockets miss the live feed: set REDIS_URL, or use --workers 1"
             )
+        if bool(options["ssl_certfile"]) != bool(options["ssl_keyfile"]):
+            raise CommandError("--ssl-certfile and --ssl-keyfile go together")
+        scheme = "https" if options["ssl_certfile"] else "http"
         self.stdout.write(
-            f"web: http://{options['host']}:{options['port']}/ with {workers} worker(s)"
+            f"web: {scheme}://{options['host']}:{options['port']}/ with {workers} worker(s)"
         )
-        serve(options["host"], options["port"], workers, access_log=options["access_log"])
+        serve(
+            options["host"],
+            options["port"],
+            workers,
+            access_log=options["access_log"],
+            ssl_certfile=options["ssl_certfile"] or None,
+            ssl_keyfile=options["ssl_keyfile"] or None,
+        )
