@@ -203,6 +203,9 @@ class Controller:
         )
         self._listed_pods: dict[tuple[str, str], dict[str, Any]] = {}  # a relist so far
         self._threads: list[threading.Thread] = []
+        # Embedded cluster passes waiting out a lost node's grace; a stopped controller's must
+        # not run later, on whatever cluster the process's settings then name.
+        self._timers: list[threading.Timer] = []
         # Queue charges (agent/queues): DRA and queue-system watches, fed our pods and Instances.
         self.queues = None
         if queues:
@@ -249,6 +252,8 @@ class Controller:
             watcher.stop()
         for thread in self._threads:
             thread.join(timeout=5)
+        for timer in self._timers:
+            timer.cancel()
         self.live.stop()
 
     # --- handlers -----------------------------------------------------------------------
@@ -350,6 +355,7 @@ class Controller:
                     kwargs={"kwargs": {"trigger": "event"}},
                 )
                 timer.daemon = True
+                self._timers = [t for t in self._timers if t.is_alive()] + [timer]
                 timer.start()
             else:
                 tasks.reconcile_cluster.apply_async(

@@ -1,6 +1,8 @@
 """The Celery app: cluster-wide reconciliation and broker deployment run here."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from celery import Celery
 
@@ -59,3 +61,27 @@ QUEUE_SCHEDULE = {
 }
 
 app.conf.beat_schedule = {**BEAT_SCHEDULE, **QUEUE_SCHEDULE}
+
+
+@contextlib.contextmanager
+def on_broker(url: str, queue: str) -> Iterator[str]:
+    """Send tasks to ``queue`` on the broker at ``url`` for a while, whatever the settings say
+    (the benchmarks' and the tests' in-thread workers). The app's producer pools stay bound to
+    the broker they were built for, the settings' ``memory://`` in the embedded default: they
+    are dropped on the way in and out, else a task sent meanwhile goes where no worker is."""
+    saved = {k: app.conf[k] for k in ("broker_url", "task_always_eager", "task_default_queue")}
+    app.conf.update(broker_url=url, task_always_eager=False, task_default_queue=queue)
+    _drop_producer_pools()
+    try:
+        yield queue
+    finally:
+        app.conf.update(saved)
+        _drop_producer_pools()
+
+
+def _drop_producer_pools() -> None:
+    # What Celery itself does after a fork (``Celery._after_fork``), without its signal. The
+    # pools stay open in kombu's registry, which hands the same one out again for its URL.
+    app._pool = None
+    if "amqp" in app.__dict__:
+        app.amqp._producer_pool = None

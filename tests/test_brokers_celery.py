@@ -14,7 +14,7 @@ from django.db import connections
 from agent.brokers import dispatch, tasks
 from agent.controller import Controller
 from agent.reconcile_cluster import pass_lock
-from akri_site.celery import app
+from akri_site.celery import app, on_broker
 from tests.brokers_world import BrokerWorld
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
@@ -35,15 +35,13 @@ def world(kube, settings):
 def redis_broker(settings):
     # The worker re-reads the Django settings when it starts: set both places.
     settings.CELERY_BROKER_URL, settings.CELERY_TASK_ALWAYS_EAGER = REDIS_URL, False
-    saved = {k: app.conf[k] for k in ("broker_url", "task_always_eager", "task_default_queue")}
     queue = f"test-brokers-{uuid.uuid4().hex[:8]}"  # other runs on this Redis never take ours
-    app.conf.update(broker_url=REDIS_URL, task_always_eager=False, task_default_queue=queue)
     # The in-thread worker's thread ends with the test: its connections must end too (a
     # worker process keeps them for reuse, which is what CONN_MAX_AGE is for).
     signals.task_postrun.connect(_close_connections, weak=False)
-    yield queue
+    with on_broker(REDIS_URL, queue):
+        yield queue
     signals.task_postrun.disconnect(_close_connections)
-    app.conf.update(saved)
 
 
 def _close_connections(**kwargs):

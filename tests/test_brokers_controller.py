@@ -162,3 +162,28 @@ def test_starting_enqueues_what_the_cache_already_holds(controller):
 
     # The Instance without brokers is left alone; the relist pass covers the Configuration.
     assert sent.sent == [("instance", "cams", "cams-8120fe"), ("configuration", "cams")]
+
+
+def test_a_lookup_that_raced_a_configuration_write_is_not_kept(controller, monkeypatch):
+    """``start`` looks Configurations up on its own thread while the sync's applier writes
+    them. A lookup that read "no brokers" just before the applier wrote and announced the
+    Configuration must not keep that answer: it did, and every later Instance of a
+    Configuration with brokers was skipped (the brokers bench, 100 of them, never converged)."""
+    c, sent = controller
+
+    class RacingBroker:
+        class objects:  # noqa: N801 - stands in for the model's manager
+            @staticmethod
+            def filter(**kwargs):
+                # The applier's turn, between the lookup's two reads.
+                Configuration.objects.create(namespace=NS, name="cams", spec=BROKERED)
+                c._on_sync("configuration", "cams", None)
+                return Broker.objects.filter(**kwargs)
+
+    monkeypatch.setattr("agent.brokers.controller.Broker", RacingBroker)
+    assert c._has_brokers("cams") is False  # what it read, before the write
+    monkeypatch.undo()
+
+    c._instance("cams-8120fe", instance_obj())
+
+    assert ("instance", "cams", "cams-8120fe") in sent.sent

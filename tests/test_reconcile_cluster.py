@@ -17,7 +17,7 @@ from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
 from agent.models import ReconcileRun, SlotEvent
 from agent.reconcile_cluster import NodeFacts, node_gone, pass_lock, run_cluster_pass
-from akri_site.celery import app
+from akri_site.celery import app, on_broker
 from tests.reconcile_world import configuration_body, make_instance, usage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
@@ -194,11 +194,9 @@ def test_the_beat_schedule_runs_the_task_with_an_expiry():
 @pytest.fixture
 def redis_broker():
     url = os.environ.get("AKRI_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    saved = {k: app.conf[k] for k in ("broker_url", "task_always_eager", "task_default_queue")}
     queue = f"test-reconcile-{uuid.uuid4().hex[:8]}"  # other runs on this Redis never take ours
-    app.conf.update(broker_url=url, task_always_eager=False, task_default_queue=queue)
-    yield queue
-    app.conf.update(saved)
+    with on_broker(url, queue):
+        yield queue
 
 
 def test_a_real_worker_frees_a_lost_nodes_slots(kube, api, world, settings, redis_broker):

@@ -93,11 +93,11 @@ class _worker:
     """A Celery worker on Redis for the run when Redis answers; else the embedded runner."""
 
     def __enter__(self) -> str:
-        from akri_site.celery import app
+        from akri_site.celery import app, on_broker
 
         self.app = app
-        self.saved = {k: app.conf[k] for k in ("broker_url", "task_always_eager")}
-        self.context = None
+        self.saved = app.conf["task_always_eager"]
+        self.contexts: list[Any] = []
         url = os.environ.get("AKRI_TEST_REDIS_URL") or settings.REDIS_URL or ""
         if not url or not _redis_answers(url):
             app.conf.update(task_always_eager=True)
@@ -106,17 +106,20 @@ class _worker:
 
         queue = f"bench-brokers-{uuid.uuid4().hex[:6]}"
         settings.CELERY_BROKER_URL = url
-        app.conf.update(broker_url=url, task_always_eager=False, task_default_queue=queue)
-        self.context = start_worker(
-            app, pool="threads", concurrency=4, perform_ping_check=False, queues=[queue]
-        )
-        self.context.__enter__()
+        self.contexts = [
+            on_broker(url, queue),
+            start_worker(
+                app, pool="threads", concurrency=4, perform_ping_check=False, queues=[queue]
+            ),
+        ]
+        for context in self.contexts:
+            context.__enter__()
         return "celery"
 
     def __exit__(self, *exc: object) -> None:
-        if self.context is not None:
-            self.context.__exit__(None, None, None)
-        self.app.conf.update(self.saved)
+        for context in reversed(self.contexts):
+            context.__exit__(None, None, None)
+        self.app.conf.update(task_always_eager=self.saved)
 
 
 def _redis_answers(url: str) -> bool:
@@ -143,14 +146,19 @@ def _converge(
     runner = PodRunner(new_api_client(path), namespace).start()
     try:
         deadline = t0 + timeout
-        while time.perf_counter() < deadline:
+        while True:
             pods = core.list_namespaced_pod(namespace, label_selector=rules.CONFIGURATION_LABEL)
             running = sum(1 for p in pods.items if p.status.phase == "Running")
             services = len(core.list_namespaced_service(namespace).items)
             if running >= instances and services >= instances + 1:
                 return time.perf_counter() - t0
+            if time.perf_counter() >= deadline:
+                break
             time.sleep(0.25)
-        raise RuntimeError(f"brokers: not converged after {timeout:.0f} s")
+        raise RuntimeError(
+            f"brokers: not converged after {timeout:.0f} s: {len(pods.items)} broker pods, "
+            f"{running} of {instances} running, {services} of {instances + 1} Services"
+        )
     finally:
         runner.stop()
         brokers.stop()

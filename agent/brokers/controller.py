@@ -53,8 +53,13 @@ class BrokerController:
         self.dispatch = dispatcher or Dispatcher(client=api_client)
         self._instances: dict[str, tuple[Any, ...]] = {}
         # Whether a Configuration has broker work at all (a brokerSpec, or brokers left over):
-        # most Instances have none, and a relist of 40,000 must not enqueue 40,000 runs.
+        # most Instances have none, and a relist of 40,000 must not enqueue 40,000 runs. The
+        # sync's applier, the watch threads and ``start`` all read and forget it; the epoch
+        # keeps a lookup that raced a change from storing what it read before (see
+        # ``_has_brokers``).
         self._brokered: dict[str, bool] = {}
+        self._brokered_epoch = 0
+        self._brokered_lock = threading.Lock()
         self._phases: dict[tuple[str, str], tuple[str, bool]] = {}
         core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
         self.watchers = [
@@ -106,10 +111,10 @@ class BrokerController:
     # --- Configurations and Instances ---------------------------------------------------
     def _on_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
         if not name:
-            self._brokered.clear()
+            self._forget_brokered()
             self._relisted()
         elif kind == "configuration":
-            self._brokered.pop(name, None)
+            self._forget_brokered(name)
             self.dispatch.configuration(self.namespace, name)
             if obj is not None:  # a change may roll every broker of it
                 for instance in _instances_of(self.namespace, name):
@@ -159,32 +164,48 @@ class BrokerController:
         """The Configuration asks for brokers, or some of its brokers are still around (a
         Configuration that dropped its brokerSpec: its runs remove them). Unknown yet: its
         arrival enqueues each of its Instances."""
-        known = self._brokered.get(configuration)
-        if known is None:
-            spec = (
-                Configuration.objects.filter(namespace=self.namespace, name=configuration)
-                .values_list("spec", flat=True)
-                .first()
-            )
-            known = bool((spec or {}).get("brokerSpec")) or (
-                Broker.objects.filter(
-                    namespace=self.namespace, configuration=configuration
-                ).exists()
-            )
-            self._brokered[configuration] = known
+        with self._brokered_lock:
+            known = self._brokered.get(configuration)
+            epoch = self._brokered_epoch
+        if known is not None:
+            return known
+        spec = (
+            Configuration.objects.filter(namespace=self.namespace, name=configuration)
+            .values_list("spec", flat=True)
+            .first()
+        )
+        known = bool((spec or {}).get("brokerSpec")) or (
+            Broker.objects.filter(namespace=self.namespace, configuration=configuration).exists()
+        )
+        with self._brokered_lock:
+            # A change written and announced while we read may be missing from what we read:
+            # keeping it would skip every later Instance of a Configuration with brokers.
+            if self._brokered_epoch == epoch:
+                self._brokered[configuration] = known
         return known
+
+    def _forget_brokered(self, configuration: str | None = None) -> None:
+        """After the database holds a change: drop what was known (of one Configuration, or
+        of all) and void lookups under way."""
+        with self._brokered_lock:
+            self._brokered_epoch += 1
+            if configuration is None:
+                self._brokered.clear()
+            else:
+                self._brokered.pop(configuration, None)
 
     # --- broker objects -----------------------------------------------------------------
     def _event(self, kind: str, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         name, labels = meta.get("name", ""), meta.get("labels") or {}
-        self._brokered.pop(labels.get(rules.CONFIGURATION_LABEL, ""), None)
         if event == "DELETED":
             Broker.objects.filter(namespace=self.namespace, kind=kind, name=name).delete()
+            self._forget_brokered(labels.get(rules.CONFIGURATION_LABEL, ""))
             self._phases.pop((kind, name), None)
             self._wake(labels)
             return
         _mirror(self.namespace, kind, obj)
+        self._forget_brokered(labels.get(rules.CONFIGURATION_LABEL, ""))
         phase = (obj.get("status") or {}).get("phase") or ""
         state = (phase, bool(meta.get("deletionTimestamp")))
         before = self._phases.get((kind, name))
@@ -203,7 +224,6 @@ class BrokerController:
             self.dispatch.configuration(self.namespace, configuration)
 
     def _relist(self, kind: str, items: list[dict[str, Any]]) -> None:
-        self._brokered.clear()
         names = set()
         for obj in items:
             _mirror(self.namespace, kind, obj)
@@ -212,6 +232,7 @@ class BrokerController:
             phase = (obj.get("status") or {}).get("phase") or ""
             self._phases[(kind, meta["name"])] = (phase, bool(meta.get("deletionTimestamp")))
         Broker.objects.filter(namespace=self.namespace, kind=kind).exclude(name__in=names).delete()
+        self._forget_brokered()
 
 
 def _run(watcher: ResourceWatcher) -> None:
