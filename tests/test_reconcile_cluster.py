@@ -4,6 +4,7 @@ the Celery task (called directly, and once through a real worker on Redis)."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +13,7 @@ from celery.contrib.testing.worker import start_worker
 from kubernetes import client
 
 from agent import tasks
+from agent.controller import Controller
 from agent.domain.naming import slot_key
 from agent.kube.claims import ClaimStore
 from agent.kube.client import AkriApi
@@ -217,3 +219,25 @@ def test_a_real_worker_frees_a_lost_nodes_slots(kube, api, world, settings, redi
     assert (run.scope, run.trigger, run.released) == ("cluster", "schedule", 2)
     assert usage(api, CAMS)[slot_key(CAMS, 0)] == ""
     assert SlotEvent.objects.filter(cause="node_gone", run=run).count() == 2
+
+
+def test_a_stopped_controller_runs_none_of_the_cluster_passes_it_had_waiting(
+    kube, settings, monkeypatch
+):
+    """Without a broker (the embedded default) the controller waits out a lost node's grace
+    in a timer. A stopped controller's timers go with it: one left behind ran its pass later
+    on whatever the process's settings then named (in the suite: another test's cluster)."""
+    settings.AKRI = {**settings.AKRI, "NODE_GONE_GRACE_SECONDS": 0}  # the pass 1 s after
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    ran = []
+    monkeypatch.setattr(tasks.reconcile_cluster, "apply", lambda **kwargs: ran.append(kwargs))
+    ctl = Controller(kube.new_client(), kube.namespace, timeout_seconds=5).start()
+    try:
+        ctl._enqueue_cluster_reconcile("node node-a deleted")
+        kube.wait_for(lambda: ran, timeout=10, message="the pass of a running controller")
+        ctl._enqueue_cluster_reconcile("node node-b deleted")
+    finally:
+        ctl.stop()
+    time.sleep(1.5)
+
+    assert ran == [{"kwargs": {"trigger": "event"}}]
