@@ -139,8 +139,8 @@ def test_a_replica_pods_events_enqueue_its_configuration(controller):
     assert Broker.objects.get().phase == "Failed"
 
 
-def test_a_relist_of_broker_pods_drops_rows_of_pods_gone(controller):
-    c, _ = controller
+def test_a_relist_of_broker_pods_drops_rows_of_pods_gone_and_wakes_their_keys(controller):
+    c, sent = controller
     Broker.objects.create(namespace=NS, kind="Pod", name="gone", configuration="cams")
     kept = copy.deepcopy(pod("Running"))
 
@@ -149,6 +149,8 @@ def test_a_relist_of_broker_pods_drops_rows_of_pods_gone(controller):
     assert list(Broker.objects.values_list("name", "phase")) == [
         ("node-a-cams-8120fe-pod", "Running")
     ]
+    # The replica gone during the gap wakes its Configuration, as its DELETED event would.
+    assert ("configuration", "cams") in sent.sent
 
 
 def test_starting_enqueues_what_the_cache_already_holds(controller):
@@ -187,3 +189,20 @@ def test_a_lookup_that_raced_a_configuration_write_is_not_kept(controller, monke
     c._instance("cams-8120fe", instance_obj())
 
     assert ("instance", "cams", "cams-8120fe") in sent.sent
+
+
+def test_a_broker_pod_first_seen_running_or_finished_enqueues_its_key(controller):
+    """The pod watch can start behind the first runs (``start`` enqueues before its threads
+    list): a pod first listed, or first heard of, already Running needs its Services. That
+    went unheard, and the brokers bench waited on one Service until it gave up."""
+    c, sent = controller
+    c._relist("Pod", [pod("Running")])
+    c._relist("Pod", [pod("Running")])  # nothing new
+    fresh = pod()  # first seen Pending: what the run that made it expects
+    fresh["metadata"]["name"] = "node-a-cams-8120fe-pod-2"
+    c._event("Pod", "ADDED", fresh)
+    replica = pod("Failed", instance=None)
+    replica["metadata"]["name"] = "cams-replica-0"
+    c._event("Pod", "ADDED", replica)
+
+    assert sent.sent == [("instance", "cams", "cams-8120fe"), ("configuration", "cams")]

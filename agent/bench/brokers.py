@@ -157,12 +157,35 @@ def _converge(
             time.sleep(0.25)
         raise RuntimeError(
             f"brokers: not converged after {timeout:.0f} s: {len(pods.items)} broker pods, "
-            f"{running} of {instances} running, {services} of {instances + 1} Services"
+            f"{running} of {instances} running, {services} of {instances + 1} Services; "
+            + _unserved(core, namespace, pods.items)
         )
     finally:
         runner.stop()
         brokers.stop()
         sync.stop()
+
+
+def _unserved(core: client.CoreV1Api, namespace: str, pods: list[Any]) -> str:
+    """What a run that did not converge left undone: Instances with a Running broker pod
+    and no Service, and what the runs recorded for each (so that a failure tells its story)."""
+    served = {
+        (s.metadata.labels or {}).get(rules.INSTANCE_LABEL)
+        for s in core.list_namespaced_service(namespace).items
+    }
+    lacking = sorted(
+        {
+            p.metadata.labels.get(rules.INSTANCE_LABEL)
+            for p in pods
+            if p.status.phase == "Running"
+            and p.metadata.labels.get(rules.INSTANCE_LABEL) not in served
+        }
+    )
+    told = []
+    for name in lacking[:3]:
+        actions = BrokerAction.objects.filter(namespace=namespace, instance=name).order_by("at")
+        told.append(f"{name}: " + ", ".join(f"{a.action} {a.kind} {a.name}" for a in actions))
+    return f"Running without a Service: {len(lacking)} ({'; '.join(told) or 'none'})"
 
 
 def _count(api_client: client.ApiClient, namespace: str) -> dict[str, int]:

@@ -210,7 +210,7 @@ class BrokerController:
         state = (phase, bool(meta.get("deletionTimestamp")))
         before = self._phases.get((kind, name))
         self._phases[(kind, name)] = state
-        if kind == rules.POD and before is not None and before != state:
+        if kind == rules.POD and _news(before, state):
             self._wake(labels)
 
     def _wake(self, labels: dict[str, str]) -> None:
@@ -224,15 +224,36 @@ class BrokerController:
             self.dispatch.configuration(self.namespace, configuration)
 
     def _relist(self, kind: str, items: list[dict[str, Any]]) -> None:
-        names = set()
+        names, woken = set(), []
         for obj in items:
             _mirror(self.namespace, kind, obj)
             meta = obj["metadata"]
             names.add(meta["name"])
             phase = (obj.get("status") or {}).get("phase") or ""
-            self._phases[(kind, meta["name"])] = (phase, bool(meta.get("deletionTimestamp")))
-        Broker.objects.filter(namespace=self.namespace, kind=kind).exclude(name__in=names).delete()
+            state = (phase, bool(meta.get("deletionTimestamp")))
+            before = self._phases.get((kind, meta["name"]))
+            self._phases[(kind, meta["name"])] = state
+            if kind == rules.POD and _news(before, state):
+                woken.append(meta.get("labels") or {})
+        gone = Broker.objects.filter(namespace=self.namespace, kind=kind).exclude(name__in=names)
+        for configuration, instance in gone.values_list("configuration", "instance"):
+            # Gone during the gap the relist closes: as its DELETED event would have.
+            woken.append({rules.CONFIGURATION_LABEL: configuration, rules.INSTANCE_LABEL: instance})
+        gone.delete()
         self._forget_brokered()
+        for labels in woken:
+            self._wake(labels)
+
+
+def _news(before: tuple[str, bool] | None, state: tuple[str, bool]) -> bool:
+    """Whether a broker pod's (phase, deleting) is news its key must hear. A pod first seen
+    Pending is what the run that made it expects; first seen Running, finished or deleting
+    (listed after it changed, as when the watch starts behind the first runs) it is news: else
+    its Services waited for the level pass."""
+    if before is None:
+        phase, deleting = state
+        return deleting or phase not in ("", "Pending")
+    return before != state
 
 
 def _run(watcher: ResourceWatcher) -> None:
