@@ -202,3 +202,25 @@ def test_preferred_allocation_names_the_lowest_available_devices(cluster):
     assert list(answer.container_responses[0].deviceIDs) == [f"{CONFIG}-0"]
     assert isinstance(refused, grpc.RpcError)
     assert refused.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_device_lists_wait_for_every_hold_and_go_out_when_the_last_one_ends(cluster):
+    """What an Allocate's RPC does around its claims (``defer_notifications``): a claim made
+    meanwhile changes health, and the kubelet hears of it only once every hold has ended;
+    releasing the same hold twice ends nothing else."""
+    start(cluster)
+    node = cluster["node-a"]
+    kubelet, agent = node.kubelet, node.agent
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    first, second = agent.defer_notifications(), agent.defer_notifications()
+
+    value = f"C:{CONFIG}-0:node-a"
+    assert agent.claims.claim(FOO0, f"{FOO0}-0", value, node="node-a") == "claimed"
+    first()
+    first()
+    with pytest.raises(TimeoutError):
+        kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 1, timeout=0.5)
+
+    second()
+    devices = kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 1)
+    assert devices[f"{CONFIG}-0"] == "Unhealthy"

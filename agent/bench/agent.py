@@ -6,7 +6,7 @@
   ``agent.bench.floor``'s plugin, which does nothing but the one write (``floor_*``);
   ``over_floor_p50`` is the agent's p50 over the floor's. Between calls everything settles.
   Every other round's Allocate runs with the agent's device-list updates not held until the
-  answer (``no_hold_*``: the A/B of ``NodeAgent.notifications_held`` in the same run).
+  answer (``no_hold_*``: the A/B of ``NodeAgent.defer_notifications`` in the same run).
   Then the bad day (``sustained_*``): Allocates back to back, nothing settled, while ``Churn``
   keeps the watch, the cache applier, the device lists and the reconciler busy (a pod every
   100 ms, and another node's claims across 20 Instances).
@@ -211,7 +211,7 @@ class _AllocateSamples:
     allocate: list[float]
     bare: list[float]
     floor: list[float]  # Allocates of agent.bench.floor's plugin (empty if not measured)
-    # Allocates with the agent's device-list updates not held (NodeAgent.notifications_held),
+    # Allocates with the agent's device-list updates not held (NodeAgent.defer_notifications),
     # every other round of the same run (empty if not measured).
     unheld: list[float] = field(default_factory=list)
 

@@ -93,6 +93,12 @@ def claim_patch(state: InstanceState, key: str, wanted: str, resource_version: s
         raise ForeignValue(key, state.usage(key).raw)
     if outcome is ClaimOutcome.NO_SLOT:
         raise InvalidDeviceId(key, f"not a slot of {state.name} (capacity {state.capacity})")
+    return claim_ops(state, key, wanted, resource_version)
+
+
+def claim_ops(state: InstanceState, key: str, wanted: str, resource_version: str) -> list[dict]:
+    """The patch of a claim already decided (``decide_claim`` said CLAIM), without deciding
+    again: the claim store decides first, then writes."""
     if state.device_usage.get(key) == "":
         return [
             {"op": "test", "path": usage_path(key), "value": ""},
@@ -136,6 +142,11 @@ def release_patch(
         raise SlotChanged(key, expected, state.usage(key).raw)
     if outcome is ReleaseOutcome.NO_SLOT:
         raise InvalidDeviceId(key, f"not a slot of {state.name}")
+    return release_ops(state, key, expected)
+
+
+def release_ops(state: InstanceState, key: str, expected: str) -> list[dict]:
+    """The patch of a release already decided (``decide_release`` said RELEASE)."""
     tests = [{"op": "test", "path": usage_path(key), "value": expected}, *_capacity_test(state)]
     index = slot_index(state.name, key)
     if index is not None and index >= state.capacity:

@@ -26,10 +26,10 @@ from agent import metrics
 from agent.domain.claims import (
     ClaimOutcome,
     ReleaseOutcome,
-    claim_patch,
+    claim_ops,
     decide_claim,
     decide_release,
-    release_patch,
+    release_ops,
 )
 from agent.domain.errors import SlotChanged, SlotTaken
 from agent.domain.slots import InstanceState
@@ -96,6 +96,7 @@ class ClaimStore:
         backoff: float = 0.02,
         on_applied: Callable[[dict[str, Any]], None] | None = None,
         sync: Any = None,
+        parse: Callable[[dict[str, Any]], InstanceState] = InstanceState.from_object,
     ) -> None:
         self.api = api
         self.actor = actor
@@ -106,6 +107,9 @@ class ClaimStore:
         # With the process's CacheSync the cache write happens behind the claim, in order
         # with the watch; without one (the web process, tests) it happens before returning.
         self.sync = sync
+        # Instance object -> slot view. An agent hands in its view's, which keeps the parse of
+        # each object it holds: the plugin that planned the claim has already parsed it.
+        self.parse = parse
         # The newest Instance this store has read or written, by name: a caller trying one slot
         # after another can pass it as ``current`` instead of the cache.
         self.last_seen: dict[str, dict[str, Any]] = {}
@@ -134,7 +138,7 @@ class ClaimStore:
         def plan(state: InstanceState, rv: str) -> _Plan:
             outcome = decide_claim(state, key, wanted)
             if outcome is ClaimOutcome.CLAIM:
-                return _Plan(ops=claim_patch(state, key, wanted, rv))
+                return _Plan(ops=claim_ops(state, key, wanted, rv))
             if outcome is ClaimOutcome.ALREADY_OURS:
                 return _Plan(result="already ours")
             if outcome is ClaimOutcome.NO_SLOT:
@@ -168,7 +172,7 @@ class ClaimStore:
         def plan(state: InstanceState, rv: str) -> _Plan:
             outcome = decide_release(state, key, expected)
             if outcome is ReleaseOutcome.RELEASE:
-                return _Plan(ops=release_patch(state, key, expected, rv))
+                return _Plan(ops=release_ops(state, key, expected))
             if outcome in (ReleaseOutcome.ALREADY_FREE, ReleaseOutcome.NO_SLOT):
                 return _Plan(result="already free")
             return _Plan(refusal=SlotChanged(key, expected, state.device_usage.get(key, "")))
@@ -200,9 +204,7 @@ class ClaimStore:
             if obj is None:
                 obj, fresh = self._read(instance), True
                 self.last_seen[instance] = obj
-            decided = plan(
-                InstanceState.from_object(obj), obj["metadata"].get("resourceVersion", "")
-            )
+            decided = plan(self.parse(obj), obj["metadata"].get("resourceVersion", ""))
             if decided.ops is None:
                 if not fresh:
                     obj = None  # confirm with the API server first

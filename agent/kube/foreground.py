@@ -23,7 +23,7 @@ Allocate with the gate, every other without), the p50 was 1.37 ms with it and 2.
 it with everything settled between calls (44% less), and 2.58 ms against 3.52 ms with the
 bench's sustained churn (27% less), on the shared 2-core machine. A wait for the answer to be
 sent, measured the same way, did not pay and is gone. Device-list updates held until the answer
-(``NodeAgent.notifications_held``) are measured in every ``allocate`` run (``no_hold_*``).
+(``NodeAgent.defer_notifications``) are measured in every ``allocate`` run (``no_hold_*``).
 """
 
 from __future__ import annotations

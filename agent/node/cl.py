@@ -84,17 +84,16 @@ class ConfigurationPlugin(DevicePlugin):
         with self._allocate_lock, self.agent.serialized(*instances):
             made: list[Claim] = []
             plans: list[list[Claim]] = []
-            with self.agent.notifications_held():
-                try:
-                    for container in request.container_requests:
-                        plans.append(self._allocate_container(list(container.devices_ids), made))
-                except AllocateRefused:
-                    for instance, key, value in made:
-                        self.agent.release_quietly(
-                            instance, key, value, "the same Allocate was refused"
-                        )
-                    raise
-                respond(self._answer(plans))
+            try:
+                for container in request.container_requests:
+                    plans.append(self._allocate_container(list(container.devices_ids), made))
+            except AllocateRefused:
+                for instance, key, value in made:
+                    self.agent.release_quietly(
+                        instance, key, value, "the same Allocate was refused"
+                    )
+                raise
+            respond(self._answer(plans))
             for container, plan in zip(request.container_requests, plans, strict=True):
                 for (instance, key, value), vdev in zip(plan, container.devices_ids, strict=True):
                     self.agent.allocated(instance, key, value, vdev, self.resource_name)

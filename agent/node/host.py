@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -50,5 +51,6 @@ class PluginHost(Protocol):
     def refresh_instance(self, name: str) -> None:
         """Read one Instance from the API server into the view (after losing a race)."""
 
-    def notifications_held(self) -> contextlib.AbstractContextManager:
-        """Device-list updates wait until the block ends, then go out together."""
+    def defer_notifications(self) -> Callable[..., None]:
+        """Device-list updates wait until the returned release is called, then go out
+        together."""

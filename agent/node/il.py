@@ -86,20 +86,18 @@ class InstancePlugin(DevicePlugin):
         wanted = format_il(self.agent.node_name)
         claimed: list[str] = []
         # The reconciler must not act on this Instance between our claim and its binding; the
-        # kubelet has its answer before the binding is written, the lock still held. Device
-        # lists wait for the answer, as in the CL plugin (the bench's ``no_hold_*`` keys).
+        # kubelet has its answer before the binding is written, the lock still held.
         with self.agent.serialized(self.instance):
-            with self.agent.notifications_held():
-                try:
-                    for container in request.container_requests:
-                        for key in dict.fromkeys(container.devices_ids):
-                            if self._claim(key, wanted, obj) == "claimed":
-                                claimed.append(key)
-                            obj = self.agent.view.instance(self.instance) or obj
-                except AllocateRefused:
-                    self._roll_back(claimed, wanted)
-                    raise
-                respond(self._answer(request, obj, wanted))
+            try:
+                for container in request.container_requests:
+                    for key in dict.fromkeys(container.devices_ids):
+                        if self._claim(key, wanted, obj) == "claimed":
+                            claimed.append(key)
+                        obj = self.agent.view.instance(self.instance) or obj
+            except AllocateRefused:
+                self._roll_back(claimed, wanted)
+                raise
+            respond(self._answer(request, obj, wanted))
             for container in request.container_requests:
                 for key in dict.fromkeys(container.devices_ids):
                     self.agent.allocated(self.instance, key, wanted, key, self.resource_name)

@@ -14,7 +14,8 @@ then calls ``restart()``: a new socket and a new registration.
 Subclasses say what the devices are and how Allocate claims them (``il``, ``cl``). Allocate's
 blocking work (claims through the API server) runs in the loop's thread pool, and the answer
 leaves as soon as the claims stand: the reconciler's bookkeeping happens after it, still under
-the reconciler's per-Instance lock, so no reconcile action can come in between.
+the reconciler's per-Instance lock, so no reconcile action can come in between. The device-list
+updates the claims cause wait until the answer has been sent.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import grpc
 
 from agent import metrics
 from agent.domain.naming import plugin_socket_name
-from agent.kube.foreground import FOREGROUND
+from agent.kube.foreground import FOREGROUND, QUIET
 from agent.node.host import PluginHost
 from agent.protos import deviceplugin_pb2 as dp
 from agent.protos import deviceplugin_pb2_grpc as dp_grpc
@@ -274,6 +275,10 @@ class DevicePlugin:
         # refused, cancelled).
         context.add_done_callback(FOREGROUND.enter())
         loop = asyncio.get_running_loop()
+        # The claims change health; the device lists that say so go out once the kubelet has
+        # its answer: sent, then QUIET for it to read (NodeAgent.defer_notifications).
+        release = self.agent.defer_notifications()
+        context.add_done_callback(lambda _: loop.call_later(QUIET, release))
         answer: asyncio.Future = loop.create_future()
         responded = False
 
