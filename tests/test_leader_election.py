@@ -20,6 +20,7 @@ from agent.bench.failover import (
     LEASE,
     WORK,
     Candidates,
+    Worker,
     WriteLog,
     late_writes,
     request_log_writers,
@@ -133,6 +134,68 @@ def test_an_api_server_error_is_not_leadership_and_is_survived(kube):
     assert a.step() is True
 
 
+# --- the work's fences ----------------------------------------------------------------------
+
+
+def work_writer(kube) -> str:
+    api = client.CoreV1Api(kube.api_client)
+    return (api.read_namespaced_config_map(WORK, kube.namespace).data or {}).get("writer", "")
+
+
+@pytest.fixture
+def work(kube):
+    core = client.CoreV1Api(kube.api_client)
+    core.create_namespaced_config_map(kube.namespace, {"metadata": {"name": WORK}})
+    return lambda identity, leading: Worker(
+        client.CoreV1Api(kube.new_client()), kube.namespace, identity, leading
+    )
+
+
+def test_a_write_decided_before_a_freeze_is_refused_once_the_successor_has_written(kube, work):
+    old = work("old", lambda: True)
+    old.send(old.decide())  # leading: its version is the one it wrote
+    body = old.decide()  # decided while leading... then frozen here
+    new = work("new", lambda: True)
+    new.send(new.decide())  # the successor takes over and writes
+    with pytest.raises(client.ApiException) as refused:
+        old.send(body)  # ...and sent on waking
+    assert refused.value.status == 409
+    assert work_writer(kube) == "new"
+
+
+def test_a_refused_writer_reads_again_and_writes_only_while_it_still_leads(kube, work):
+    leading = [True]
+    old = work("old", lambda: leading[0])
+    old.send(old.decide())
+    new = work("new", lambda: True)
+    new.send(new.decide())
+    body = old.decide()
+    with pytest.raises(client.ApiException):
+        old.send(body)
+    leading[0] = False  # the time fence has closed by the time it tries again
+    old.tick()
+    assert work_writer(kube) == "new"
+    leading[0] = True  # (had it still led, it would read the new version and write)
+    old.tick()
+    assert work_writer(kube) == "old"
+
+
+def test_a_freeze_between_deciding_to_lead_and_reading_is_caught_by_the_second_check(kube, work):
+    answers = iter([True, False])  # leading before the read, deposed after it
+    old = work("old", lambda: next(answers))
+    new = work("new", lambda: True)
+    new.send(new.decide())
+    assert old.decide() is None
+    assert work_writer(kube) == "new"
+
+
+def test_late_writes_count_each_stray_write_once():
+    assert late_writes(["a", "a", "b", "b"]) == 0
+    assert late_writes(["a", "b", "a", "b", "b"]) == 1  # the newer one's writes are not late
+    assert late_writes(["a", "b", "c", "b", "a"]) == 2
+    assert late_writes([]) == 0
+
+
 # --- real processes -------------------------------------------------------------------------
 
 
@@ -181,9 +244,12 @@ def test_a_frozen_leader_that_wakes_up_deposed_writes_nothing(kube, candidates):
     writers = log.writers()
     assert writers.count(successor) > 0 and late_writes(writers) == 0
     if kube.simulator is not None:
+        # The server's log of requests, refused ones too: the woken process may have had one
+        # write decided before the freeze (the version fence refused it, as the watch shows);
+        # a second would be one decided after it wakes, which the time fence forbids.
         requested = request_log_writers(kube.simulator, kube.namespace)
         assert leader in requested and successor in requested
-        assert late_writes(requested) == 0
+        assert late_writes(requested) <= 1
 
 
 # --- the controller command -----------------------------------------------------------------

@@ -2,15 +2,26 @@
 
 Two candidate processes campaign for one Lease through ``agent.leader.election``. While it
 leads, a candidate writes a ConfigMap (``failover-work``) every 100 ms, naming itself in the
-data and as ``fieldManager``, and only after ``is_leading()`` said yes: the pattern the
-controller and beat follow. The API server's order of those writes (a watch on the ConfigMap,
-and on the simulator its ``request_log``) is the write log the figures come from:
+data and as ``fieldManager``. Two fences guard each write, as they guard the project's own
+writes:
+
+- a time fence: the write is decided only after ``is_leading()`` said yes, which closes at
+  the renew deadline, so a process woken after losing the Lease decides nothing more;
+- a version fence: the write carries the ``resourceVersion`` the candidate read (or wrote)
+  while leading, so a write decided just before a freeze and sent after it is refused (409)
+  once the successor has written. The time fence alone cannot close that window: nothing
+  checks the clock between the decision and the bytes leaving.
+
+The API server's order of those writes (a watch on the ConfigMap, and on the simulator its
+``request_log``) is the write log the figures come from:
 
 - ``p95_s``: from SIGKILL of the leader to the first write of the other candidate accepted;
-- ``dual_leader_writes``: writes by a candidate after another one has written, counted over
-  kill rounds and freeze rounds (SIGSTOP the leader until the other takes over, then SIGCONT:
-  the woken one must not write). A candidate that was superseded is replaced, so an identity
-  never writes legitimately after another one.
+- ``dual_leader_writes``: writes accepted from a candidate after a newer one has written,
+  counted over kill rounds and freeze rounds (SIGSTOP the leader until the other takes over,
+  then SIGCONT: the woken one must not write). A candidate that was superseded is replaced,
+  so an identity never writes legitimately after a newer one;
+- ``fenced_writes`` (simulator only): write requests from a deposed candidate that the
+  version fence refused, at most one per freeze (the one decided before it).
 
 Run a candidate alone: ``python -m agent.bench.failover --kubeconfig K --namespace N``.
 """
@@ -46,6 +57,52 @@ ROOT = Path(__file__).resolve().parents[2]
 # --- the candidate process ------------------------------------------------------------------
 
 
+class Worker:
+    """The work a candidate does while it leads, one tick at a time, behind both fences (see
+    the module docstring). ``decide`` and ``send`` are apart so that a test can put a freeze
+    between them."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, identity: str, leading) -> None:
+        self.core, self.namespace, self.identity, self.leading = core, namespace, identity, leading
+        self.seq = 0
+        self.version: str | None = None  # of the work ConfigMap, read or written while leading
+
+    def decide(self) -> dict[str, Any] | None:
+        """The next write's body, or None when we must not write."""
+        if not self.leading():
+            self.version = None
+            return None
+        if self.version is None:
+            self.version = self.core.read_namespaced_config_map(
+                WORK, self.namespace, _request_timeout=2.0
+            ).metadata.resource_version
+            # Read first, check again: a freeze before the read fails this check, a freeze
+            # after it leaves the version stale for the server to refuse.
+            if not self.leading():
+                return None
+        self.seq += 1
+        return {
+            "metadata": {"resourceVersion": self.version},
+            "data": {"writer": self.identity, "seq": str(self.seq)},
+        }
+
+    def send(self, body: dict[str, Any]) -> None:
+        try:
+            answer = self.core.patch_namespaced_config_map(
+                WORK, self.namespace, body, field_manager=self.identity, _request_timeout=2.0
+            )
+        except Exception:
+            self.version = None  # 409: written since our version; or the server away
+            raise
+        self.version = answer.metadata.resource_version
+
+    def tick(self) -> None:
+        with contextlib.suppress(Exception):  # the next tick reads and tries again
+            body = self.decide()
+            if body is not None:
+                self.send(body)
+
+
 def run_candidate(kubeconfig: str, namespace: str, identity: str, timing: Timing) -> None:
     from agent.leader.election import LeaderElector
 
@@ -57,16 +114,9 @@ def run_candidate(kubeconfig: str, namespace: str, identity: str, timing: Timing
     client.CoordinationV1Api(api_client).list_namespaced_lease(namespace, limit=1)
     print(READY, flush=True)  # imports done and the server reached: campaigning from now on
     elector.start()
-    seq = 0
+    worker = Worker(core, namespace, identity, elector.is_leading)
     while not stopping.wait(WRITE_INTERVAL):
-        if not elector.is_leading():
-            continue
-        seq += 1
-        body = {"data": {"writer": identity, "seq": str(seq)}}
-        with contextlib.suppress(Exception):  # the next tick writes again
-            core.patch_namespaced_config_map(
-                WORK, namespace, body, field_manager=identity, _request_timeout=2.0
-            )
+        worker.tick()
     elector.stop()
 
 
@@ -164,17 +214,18 @@ class WriteLog:
 
 
 def late_writes(writers: list[str]) -> int:
-    """Writes by an identity after another identity has written since its own last write:
-    with superseded candidates replaced, each one is a write by a deposed leader."""
-    done: set[str] = set()
+    """Writes by an identity after a newer identity (one that first wrote later) has written:
+    with superseded candidates replaced, each one is a write by a deposed leader. Counted one
+    per stray write: the newer leader's own writes around it are not late."""
+    first_seen: dict[str, int] = {}
+    newest = None
     late = 0
-    previous = None
     for writer in writers:
-        if writer != previous and previous is not None:
-            done.add(previous)
-        if writer in done:
+        first_seen.setdefault(writer, len(first_seen))
+        if newest is None or first_seen[writer] > first_seen[newest]:
+            newest = writer
+        elif writer != newest:
             late += 1
-        previous = writer
     return late
 
 
@@ -298,13 +349,16 @@ def bench_failover(quick: bool = False, stdout: Any = None) -> dict[str, object]
         finally:
             cands.close()
             log.stop()
-            dual = max(late_writes(log.writers()), late_writes(request_log_writers(sim, namespace)))
+            dual = late_writes(log.writers())
+            fenced = late_writes(request_log_writers(sim, namespace)) - dual
             api_client.close()
             sim.stop()
     return {
         "p50_s": percentile(takeovers, 50),
         "p95_s": percentile(takeovers, 95),
         "dual_leader_writes": dual,
+        "fenced_writes": fenced,
+        "freezes": freezes,
         "lease_s": timing.lease_duration,
         "renew_deadline_s": timing.renew_deadline,
         "retry_s": timing.retry_period,
