@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from kubernetes import client
 
+from agent.dbthreads import start_thread
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Node, Pod
 from agent.usage import UsageSampler
@@ -228,11 +229,7 @@ class Controller:
         if self.owns_sync:
             self.sync.start()
         for watcher in (self.pods, self.nodes):
-            thread = threading.Thread(
-                target=watcher.run, name=f"controller-{watcher.kind}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._threads.append(start_thread(watcher.run, f"controller-{watcher.kind}"))
         if self.queues is not None:
             self.sync.subscribe(self._queues_sync)
             self.queues.start()

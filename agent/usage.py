@@ -25,6 +25,7 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from agent.dbthreads import start_thread
 from agent.models import Instance, ReleaseSample, Slot, UsageSample
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,7 @@ class UsageSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> UsageSampler:
-        self._thread = threading.Thread(target=self._run, name="usage-sampler", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "usage-sampler")
         return self
 
     def stop(self) -> None:

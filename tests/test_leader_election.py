@@ -312,7 +312,13 @@ def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp
         procs[survivor].send_signal(signal.SIGTERM)
         # The Lease is released first, at once; stopping the watchers may take a while on a
         # loaded machine (a watcher still in its first list finishes it).
-        kube.wait_for(lambda: holder() == "", timeout=30, message="the Lease released")
+        try:
+            kube.wait_for(lambda: holder() == "", timeout=30, message="the Lease released")
+        except AssertionError as exc:
+            procs[survivor].send_signal(signal.SIGUSR1)  # its threads' stacks, into its log
+            time.sleep(1)
+            logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
+            raise AssertionError(f"{exc}\n{logs}") from None
         try:
             code = procs[survivor].wait(90)
         except subprocess.TimeoutExpired:
@@ -323,6 +329,42 @@ def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp
         assert holder() == "", logs
     finally:
         for proc in procs.values():
+            proc.kill()
+            proc.wait(10)
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send ``sig`` to one thread of another process (Linux's tgkill; Python has no wrapper)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(234, pid, tid, sig) != 0:  # SYS_tgkill on x86-64
+        raise OSError(ctypes.get_errno(), "tgkill failed")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill's syscall number is x86-64's")
+def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_controller(kube, tmp_path):
+    db = tmp_path / "controller.sqlite3"
+    env = {**os.environ, "AKRI_SQLITE_PATH": str(db)}
+    env.pop("DATABASE_URL", None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120
+    )
+    proc, out = _controller(kube, tmp_path, db, "one")
+    try:
+        identity = _identity(kube, out)
+        kube.wait_for(
+            lambda: lease_spec(kube, CONTROLLER_LEASE).get("holderIdentity") == identity,
+            timeout=30,
+            message="it leads",
+        )
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        _tgkill(proc.pid, others[0], signal.SIGTERM)
+        code = proc.wait(30)
+        assert code == 0, out.read_text()
+        assert lease_spec(kube, CONTROLLER_LEASE)["holderIdentity"] == ""
+    finally:
+        if proc.poll() is None:
             proc.kill()
             proc.wait(10)
 

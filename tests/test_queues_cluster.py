@@ -18,7 +18,7 @@ from agent.models import Slot
 from agent.queues import facts as queue_facts
 from agent.queues import recompute
 from agent.queues.models import Charge, QueueObject, QueueSystem
-from agent.queues.watch import QueueWatch
+from agent.queues.watch import ALL_KINDS, QueueWatch
 from tests.queues_world import (
     LABEL,
     claim_body,
@@ -435,3 +435,14 @@ def test_a_pod_of_a_job_is_charged_to_the_queue_its_top_owner_names(kube, fast):
         if made_crd:
             with contextlib.suppress(ApiException):
                 ext.delete_custom_resource_definition(KAI_PODGROUP_CRD["metadata"]["name"])
+
+
+def test_a_crd_found_while_the_watch_stops_starts_no_watcher(kube, fast):
+    """The probe thread may find a CRD just as stop() runs: a watcher it started after stop()
+    had stopped the others ran on for ever (a deposed controller watching queues)."""
+    watch = QueueWatch(kube.new_client(), fire=lambda keys: None, timeout_seconds=5)
+    watch.stop()
+    threads = list(watch._threads)
+    watch._start_watcher(ALL_KINDS[0])
+    assert not watch.present(ALL_KINDS[0].kind)
+    assert watch._threads == threads

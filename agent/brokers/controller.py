@@ -23,12 +23,12 @@ import logging
 import threading
 from typing import Any
 
-from django.db import connections
 from django.utils.dateparse import parse_datetime
 from kubernetes import client
 
 from agent.brokers.dispatch import Dispatcher
 from agent.brokers.models import Broker
+from agent.dbthreads import start_thread
 from agent.domain import brokers as rules
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Configuration, Instance
@@ -89,11 +89,7 @@ class BrokerController:
         # what its cache holds now is enqueued once; from here on its events tell us.
         self._catch_up()
         for watcher in self.watchers:
-            thread = threading.Thread(
-                target=_run, args=(watcher,), name=f"brokers-{watcher.kind}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._threads.append(start_thread(watcher.run, f"brokers-{watcher.kind}"))
         return self
 
     def stop(self) -> None:
@@ -254,13 +250,6 @@ def _news(before: tuple[str, bool] | None, state: tuple[str, bool]) -> bool:
         phase, deleting = state
         return deleting or phase not in ("", "Pending")
     return before != state
-
-
-def _run(watcher: ResourceWatcher) -> None:
-    try:
-        watcher.run()
-    finally:
-        connections.close_all()  # the watch thread's connections end with it
 
 
 def _instances_of(namespace: str, configuration: str) -> list[str]:

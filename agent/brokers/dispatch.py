@@ -23,9 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
 from agent.brokers import engine
+from agent.dbthreads import closing_connections
 from agent.kube.client import new_api_client
 from agent.reconcile_cluster import pass_lock
 
@@ -194,7 +195,9 @@ class LocalRunner:
         self._retries: dict[str, int] = {}
         self._cond = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="brokers-local", daemon=True)
+        self._thread = threading.Thread(
+            target=closing_connections(self._work), name="brokers-local", daemon=True
+        )
         self.busy = False
 
     def start(self) -> LocalRunner:
@@ -225,12 +228,6 @@ class LocalRunner:
             key, _ = self._queue.popitem(last=False)
             self.busy = True
             return key
-
-    def _loop(self) -> None:
-        try:
-            self._work()
-        finally:
-            connections.close_all()  # this thread's connections end with it
 
     def _work(self) -> None:
         while (key := self._next()) is not None:

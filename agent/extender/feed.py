@@ -25,6 +25,7 @@ from django.db import close_old_connections
 from django.db.models import Count, Max
 from kubernetes import client
 
+from agent.dbthreads import closing_connections
 from agent.domain.slots import InstanceState
 from agent.extender.state import SchedulerState
 from agent.models import Configuration, Instance
@@ -132,7 +133,9 @@ class FeedThread:
         self.interval = interval
         self.kube_interval = kube_interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="extender-feed", daemon=True)
+        self._thread = threading.Thread(
+            target=closing_connections(self._run), name="extender-feed", daemon=True
+        )
         self.errors = 0
 
     def start(self) -> FeedThread:

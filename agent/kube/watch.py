@@ -36,6 +36,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
+from agent.dbthreads import start_thread
 from agent.kube import cache
 from agent.kube.client import AkriApi
 from agent.kube.foreground import FOREGROUND
@@ -403,14 +404,10 @@ class CacheSync:
                 self._subscribers.remove(fn)
 
     def start(self) -> CacheSync:
-        applier = threading.Thread(target=self._apply_loop, name="sync-apply", daemon=True)
-        self._applier = applier
-        applier.start()
-        self._threads.append(applier)
+        self._applier = start_thread(self._apply_loop, "sync-apply")
+        self._threads.append(self._applier)
         for watcher in (self.configurations, self.instances):
-            thread = threading.Thread(target=watcher.run, name=f"sync-{watcher.kind}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._threads.append(start_thread(watcher.run, f"sync-{watcher.kind}"))
         return self
 
     def wait_synced(self, timeout: float = 10.0) -> bool:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from django.db import connections
+from agent.dbthreads import close_pool_connections
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +75,8 @@ class LoopThread:
         self._close_pool()
 
     def _close_pool(self) -> None:
-        # Each pool thread holds its own database connection; close them from those threads,
-        # else they stay open until the process ends. The barrier makes every thread take one.
-        barrier = threading.Barrier(self._workers)
-
-        def close() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=2)
-            connections.close_all()
-
         try:
-            for _ in range(self._workers):
-                self.blocking.submit(close)
+            close_pool_connections(self.blocking, self._workers)
         except RuntimeError:  # already shut down
             return
         self.blocking.shutdown(wait=True, cancel_futures=False)

@@ -67,6 +67,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent import metrics, retention, usage
+from agent.dbthreads import close_pool_connections
 from agent.domain.naming import cl_resource_name, il_resource_name, slot_index
 from agent.domain.slots import InstanceState, UsageKind, format_cl, format_il, parse_usage
 from agent.kube import cache
@@ -529,7 +530,7 @@ class NodeReconciler:
             thread.join(timeout=10)
         for pool in (self._executor, self._group_pool):
             if pool is not None:
-                self._close_pool_connections(pool)
+                close_pool_connections(pool, self._workers)
                 pool.shutdown(wait=True)
         if self._writes is not None and self._writer is not None:
             self._writes.put(None)  # after everything queued so far
@@ -546,18 +547,6 @@ class NodeReconciler:
     @staticmethod
     def _pool(workers: int, name: str) -> ThreadPoolExecutor | None:
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) if workers else None
-
-    def _close_pool_connections(self, pool: ThreadPoolExecutor) -> None:
-        # Pool threads hold their own database connections: close them from those threads.
-        barrier = threading.Barrier(self._workers)
-
-        def close() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=2)
-            connections.close_all()
-
-        for _ in range(self._workers):
-            pool.submit(close)
 
     def _loop(self) -> None:
         """Start-up pass, then sweeps on the interval, learn passes and targeted passes."""

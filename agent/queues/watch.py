@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent.charges.facts import AKRI, claim_key
+from agent.dbthreads import start_thread
 from agent.kube.watch import ResourceWatcher
 from agent.queues import cache
 from agent.queues.kinds import ALL_KINDS, DEVICE_CLASSES, RESOURCE_CLAIMS, Watched
@@ -140,14 +141,14 @@ class QueueWatch:
         self._probed = threading.Event()
 
     def start(self) -> QueueWatch:
-        thread = threading.Thread(target=self._supervise, name="queues-probe", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._threads.append(start_thread(self._supervise, "queues-probe"))
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
+        # Under the lock that _start_watcher takes: a probe that finds a CRD while we stop
+        # either registers its watcher before this (and it is stopped below) or starts none.
         with self._lock:
+            self._stopping.set()
             watchers = list(self._watchers.values())
         for watcher in watchers:
             watcher.stop()
@@ -255,10 +256,10 @@ class QueueWatch:
             persist=False,
         )
         with self._lock:
+            if self._stopping.is_set():
+                return  # a watcher started now would outlive stop() and watch on for ever
             self._watchers[watched.kind] = watcher
-        thread = threading.Thread(target=watcher.run, name=f"queues-{watched.kind}", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+            self._threads.append(start_thread(watcher.run, f"queues-{watched.kind}"))
 
     def _guarded(self, watched: Watched) -> Callable[..., Any]:
         def list_func(*args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import close_old_connections
 from django.utils import timezone
 
+from agent.dbthreads import closing_connections
 from agent.scheduling.models import PodVerdict
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ class VerdictRecorder:
         self._writing = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="verdicts", daemon=True)
+        self._thread = threading.Thread(
+            target=closing_connections(self._run), name="verdicts", daemon=True
+        )
         self.errors = 0
 
     def start(self) -> VerdictRecorder:

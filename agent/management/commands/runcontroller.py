@@ -3,8 +3,12 @@
 Replicas elect one leader through the ``akri-site-controller`` Lease (``agent.leader``): only
 the leader runs the watchers; the others wait as candidates and take over within the lease
 (under 12 s with the defaults) when the leader dies, or at once when it shuts down cleanly.
+
+``kill -USR1`` writes every thread's stack to stderr: for a replica that seems stuck.
 """
 
+import faulthandler
+import logging
 import signal
 import threading
 
@@ -15,6 +19,8 @@ from agent.controller import Controller
 from agent.kube.client import new_api_client
 from agent.leader import CONTROLLER_LEASE, configured_timing
 from agent.leader.election import LeaderElector
+
+log = logging.getLogger(__name__)
 
 
 class Term:
@@ -55,10 +61,18 @@ class Command(BaseCommand):
         stopping = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.set())
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+        def until_stopped() -> None:
+            # In steps: Python runs a handler only when the main thread wakes, and a signal
+            # the kernel hands to another thread does not wake an untimed wait.
+            while not stopping.wait(1.0):
+                pass
+
         if options["no_leader_elect"]:
             term.start()
             self.stdout.write(f"controller watching namespace {namespace}; SIGTERM to stop")
-            stopping.wait()
+            until_stopped()
             term.stop()
         else:
             elector = LeaderElector(
@@ -73,6 +87,7 @@ class Command(BaseCommand):
                 f"controller {elector.identity}: candidate for Lease {namespace}/"
                 f"{CONTROLLER_LEASE}; watching namespace {namespace} while leading"
             )
-            stopping.wait()
+            until_stopped()
+            log.info("controller %s: stopping", elector.identity)
             elector.stop()  # releases the Lease and stops the watchers when leading
         self.stdout.write("controller stopped")
