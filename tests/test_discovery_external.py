@@ -17,6 +17,7 @@ from agent.discovery.external import (
     NETWORK,
     UDS,
     Endpoint,
+    EndpointStream,
     ExampleDiscoveryHandlerServer,
     ExternalHandler,
     InvalidRegistration,
@@ -282,6 +283,26 @@ def test_a_dead_endpoint_at_session_start_publishes_nothing_before_the_live_one_
     answer.set()
     rec.wait_for_ids(["cam-1"])
     assert rec.lists == [[CAMERA]]  # never an empty list the agent would read as "all gone"
+
+
+def test_a_dead_endpoint_dropped_before_the_live_one_is_dialled_publishes_nothing(env, monkeypatch):
+    """The worst order a loaded machine can give: the dead endpoint's stream fails and is
+    dropped before the session has even started the live one's."""
+    dead = os.path.join(env.dir, "missing.sock")
+    env.register_raw(name="onvif", endpoint=dead, shared=True)
+    env.dh(sock="live")
+    start = EndpointStream.start
+
+    def dead_first(stream: EndpointStream) -> None:
+        start(stream)
+        if stream.endpoint.uid == f"onvif@{dead}":
+            stream._thread.join(5)  # reconnect window 0: dropped by now
+
+    monkeypatch.setattr(EndpointStream, "start", dead_first)
+    rec = env.discover()
+    rec.wait_for_ids(["cam-1"])
+    assert len(env.registry.get("onvif").endpoints()) == 1
+    assert rec.lists == [[CAMERA]] and rec.errors == []
 
 
 def test_a_session_started_later_streams_from_every_live_endpoint(env):

@@ -291,8 +291,7 @@ class ExternalHandler:
         with self._lock:
             self._sessions.add(session)
             endpoints = list(self._endpoints.values())
-        for endpoint in endpoints:
-            session.attach(endpoint)
+        session.attach(*endpoints)
         return session
 
 
@@ -326,17 +325,24 @@ class ExternalSession:
         with self._lock:
             return sum(s.connects for s in self._streams.values())
 
-    def attach(self, endpoint: Endpoint) -> None:
-        """Stream from ``endpoint`` (replacing the stream of an endpoint with its uid)."""
-        stream = EndpointStream(self, endpoint, self._request)
+    def attach(self, *endpoints: Endpoint) -> None:
+        """Stream from each endpoint (replacing the stream of an endpoint with its uid).
+
+        Every one is in the session before any stream starts: a dead endpoint's stream fails
+        at once, and its drop must not find the session without the live ones and publish an
+        empty list, which the agent reads as every device gone."""
+        streams = [EndpointStream(self, endpoint, self._request) for endpoint in endpoints]
         with self._lock:
             if self._stopped:
                 return
-            previous = self._streams.get(endpoint.uid)
-            self._streams[endpoint.uid] = stream
-        if previous is not None:
-            previous.stop()  # its list stays in the merge until the new stream sends one
-        stream.start()
+            previous = [self._streams.get(stream.endpoint.uid) for stream in streams]
+            for stream in streams:
+                self._streams[stream.endpoint.uid] = stream
+        for old in previous:
+            if old is not None:
+                old.stop()  # its list stays in the merge until the new stream sends one
+        for stream in streams:
+            stream.start()
 
     def detach(self, endpoint: Endpoint) -> None:
         """Forget a dropped endpoint and the devices it reported."""
