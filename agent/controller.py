@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from kubernetes import client
 
-from agent.dbthreads import start_thread
+from agent.dbthreads import closing_connections, start_thread
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Node, Pod
 from agent.usage import UsageSampler
@@ -348,7 +348,7 @@ class Controller:
                 # No broker to hold a delayed task: wait in-process instead.
                 timer = threading.Timer(
                     grace + 1,
-                    tasks.reconcile_cluster.apply,
+                    closing_connections(tasks.reconcile_cluster.apply),
                     kwargs={"kwargs": {"trigger": "event"}},
                 )
                 timer.daemon = True

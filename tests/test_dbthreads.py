@@ -64,7 +64,9 @@ def open_in_dead_threads() -> list[BaseDatabaseWrapper]:
     return [
         o
         for o in gc.get_objects()
-        if isinstance(o, BaseDatabaseWrapper)
+        # type(), not isinstance(): a lazy object left by an earlier request (a CSP nonce)
+        # raises when asked its __class__.
+        if issubclass(type(o), BaseDatabaseWrapper)
         and o.connection is not None
         and o._thread_ident not in alive
     ]

@@ -18,9 +18,9 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
-from django.db import close_old_connections
 from django.utils import timezone
 
+from agent.dbthreads import closing_connections
 from akri_site.dashboard.access import can_view
 from akri_site.dashboard.consumers import SessionRecheck
 
@@ -60,7 +60,7 @@ def publish() -> None:
         wait = _last_published + PUBLISH_SECONDS - time.monotonic()
         if wait > 0:
             if _trailing is None:
-                _trailing = threading.Timer(wait, _publish_trailing)
+                _trailing = threading.Timer(wait, closing_connections(_publish_trailing))
                 _trailing.daemon = True
                 _trailing.start()
             return
@@ -87,10 +87,7 @@ def _publish_trailing() -> None:
     with _publish_lock:
         _trailing = None
         _mark_published()
-    try:
-        publish_now()
-    finally:
-        close_old_connections()
+    publish_now()
 
 
 def publish_now() -> None:

@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent.charges.facts import AKRI, claim_key
-from agent.dbthreads import start_thread
+from agent.dbthreads import closing_connections, start_thread
 from agent.kube.watch import ResourceWatcher
 from agent.queues import cache
 from agent.queues.kinds import ALL_KINDS, DEVICE_CLASSES, RESOURCE_CLAIMS, Watched
@@ -77,7 +77,7 @@ class Debouncer:
     def _arm(self) -> None:
         """Under the lock."""
         if self._timer is None and (self._full or self._keys):
-            self._timer = threading.Timer(self.seconds, self._flush)
+            self._timer = threading.Timer(self.seconds, closing_connections(self._flush))
             self._timer.daemon = True
             self._timer.start()
 
