@@ -284,13 +284,19 @@ def _identity(kube, log: Path) -> str:
     return kube.wait_for(announced, timeout=60, interval=0.1, message=f"a candidate in {log}")
 
 
-def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp_path):
-    db = tmp_path / "controller.sqlite3"
-    env = {**os.environ, "AKRI_SQLITE_PATH": str(db)}
+@pytest.fixture
+def db(tmp_path) -> Path:
+    """A migrated SQLite database for controller processes (theirs, not the test's)."""
+    path = tmp_path / "controller.sqlite3"
+    env = {**os.environ, "AKRI_SQLITE_PATH": str(path)}
     env.pop("DATABASE_URL", None)
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120
     )
+    return path
+
+
+def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp_path, db):
     procs = {}
     try:
         for name in ("one", "two"):
@@ -333,23 +339,24 @@ def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp
             proc.wait(10)
 
 
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+
+
 def _tgkill(pid: int, tid: int, sig: int) -> None:
     """Send ``sig`` to one thread of another process (Linux's tgkill; Python has no wrapper)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(234, pid, tid, sig) != 0:  # SYS_tgkill on x86-64
+    if libc.syscall(SYS_TGKILL, pid, tid, sig) != 0:
         raise OSError(ctypes.get_errno(), "tgkill failed")
 
 
-@pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill's syscall number is x86-64's")
-def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_controller(kube, tmp_path):
-    db = tmp_path / "controller.sqlite3"
-    env = {**os.environ, "AKRI_SQLITE_PATH": str(db)}
-    env.pop("DATABASE_URL", None)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120
-    )
+@pytest.mark.skipif(
+    SYS_TGKILL is None, reason="tgkill's syscall number is known for x86-64 and arm64"
+)
+def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_controller(
+    kube, tmp_path, db
+):
     proc, out = _controller(kube, tmp_path, db, "one")
     try:
         identity = _identity(kube, out)

@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,9 @@ class Worker:
     the module docstring). ``decide`` and ``send`` are apart so that a test can put a freeze
     between them."""
 
-    def __init__(self, core: client.CoreV1Api, namespace: str, identity: str, leading) -> None:
+    def __init__(
+        self, core: client.CoreV1Api, namespace: str, identity: str, leading: Callable[[], bool]
+    ) -> None:
         self.core, self.namespace, self.identity, self.leading = core, namespace, identity, leading
         self.seq = 0
         self.version: str | None = None  # of the work ConfigMap, read or written while leading
