@@ -70,9 +70,12 @@ def test_two_configuration_devices_get_two_distinct_instances(cluster):
     envs = result.container("c").envs
     assert envs["DEBUG_ECHO_DESCRIPTION_8120FE"] == "foo0"
     assert envs["DEBUG_ECHO_DESCRIPTION_A19705"] == "foo1"
-    # Used CL slots are never offered again (Akri #849); the IL slots they took are gone too.
-    devices = kubelet.wait_devices(RESOURCE, lambda d: healthy(d) == set())
-    assert sorted(devices) == sorted(vdevs)
+    # The pod's vdevs stay Healthy (it holds them: the kubelet counts them in allocatable and
+    # kube-scheduler subtracts the pod's request), and each camera's other slot is offered
+    # through one more vdev; the IL slots the pod took are gone from the IL views.
+    devices = kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 4)
+    assert set(vdevs) <= healthy(devices)
+    assert kubelet.free(RESOURCE) == 2
     for instance in (FOO0, FOO1):
         il = kubelet.wait_devices(f"akri.sh/{instance}", lambda d: len(healthy(d)) == 1)
         assert len(il) == 2
@@ -148,10 +151,14 @@ def test_packing_puts_several_slots_on_one_instance(cluster):
         f"C:{v}:node-a" for v in result.container("c").devices[RESOURCE]
     )
     assert cluster.usage(FOO1) == {f"{FOO1}-0": "", f"{FOO1}-1": ""}
-    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    # The pod's two vdevs stay Healthy (allocated to it); a19705's two slots are offered.
+    kubelet.wait_for(lambda: kubelet.free(RESOURCE) == 2)
+    assert kubelet.allocatable(RESOURCE) == 4
 
 
-def test_two_containers_and_two_pods_on_one_node_each_get_their_own_devices(cluster):
+def test_cl_pods_on_one_node_are_admitted_while_slots_are_free(cluster):
+    """Issue 27's reproduction: after the first CL pod, the node keeps taking CL pods until
+    every slot is held, and what the kubelet counts free is always what is free."""
     start(cluster, capacity=3)
     kubelet = cluster["node-a"].kubelet
     kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
@@ -162,15 +169,25 @@ def test_two_containers_and_two_pods_on_one_node_each_get_their_own_devices(clus
         [{"name": "c1", "requests": {RESOURCE: 1}}, {"name": "c2", "requests": {RESOURCE: 1}}],
     )
     assert first.admitted, first.error
-    kubelet.wait_devices(RESOURCE, lambda d: len(d) == 2 and healthy(d) == set())
-    second = kubelet.admit_pod("default", "late", [{"name": "c", "requests": {RESOURCE: 1}}])
+    pods = [first]
+    for n in range(4):
+        kubelet.wait_for(lambda n=n: kubelet.free(RESOURCE) == min(2, 4 - n))
+        assert kubelet.free(RESOURCE) == min(2, 4 - n)  # unique: one per camera with room
+        late = kubelet.admit_pod("default", f"late-{n}", [{"name": "c", "requests": {RESOURCE: 1}}])
+        assert late.admitted, (n, late.error)
+        pods.append(late)
+    kubelet.wait_for(lambda: kubelet.free(RESOURCE) == 0)
+    assert kubelet.free(RESOURCE) == 0
+    assert not kubelet.admit_pod(
+        "default", "one-too-many", [{"name": "c", "requests": {RESOURCE: 1}}]
+    ).admitted
 
-    assert not second.admitted  # two Instances: this node already holds one vdev of each
     values = [v for i in (FOO0, FOO1) for v in cluster.usage(i).values() if v]
-    assert sorted(values) == sorted(
-        f"C:{v}:node-a" for c in first.containers for v in c.devices[RESOURCE]
-    )
-    assert {v.split(":")[1] for v in values} == {f"{CONFIG}-0", f"{CONFIG}-1"}
+    vdevs = [v for pod in pods for c in pod.containers for v in c.devices[RESOURCE]]
+    assert sorted(values) == sorted(f"C:{v}:node-a" for v in vdevs)
+    assert len(set(vdevs)) == 6
+    # Every held vdev is Healthy, allocated to its pod: allocatable 6, requests 6.
+    assert kubelet.allocatable(RESOURCE) == 6
 
 
 def test_a_re_asked_vdev_maps_to_the_slot_it_already_holds(cluster):
@@ -219,8 +236,32 @@ def test_device_lists_wait_for_every_hold_and_go_out_when_the_last_one_ends(clus
     first()
     first()
     with pytest.raises(TimeoutError):
-        kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 1, timeout=0.5)
+        kubelet.wait_devices(RESOURCE, lambda d: len(d) == 3, timeout=0.5)
 
     second()
-    devices = kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 1)
-    assert devices[f"{CONFIG}-0"] == "Unhealthy"
+    # The held vdev stays Healthy and both cameras still have a free slot: 3 listed.
+    devices = kubelet.wait_devices(RESOURCE, lambda d: len(d) == 3)
+    assert devices[f"{CONFIG}-0"] == "Healthy"
+
+
+def test_held_vdevs_offered_together_to_a_new_pod_are_planned_afresh(cluster):
+    """Two pods each held a slot of the same camera and ended; before their releases are
+    through, the kubelet offers both vdevs to one new pod asking for two unique devices. They
+    are the node's to give, so the pod gets two distinct cameras, not an admission error."""
+    start(cluster)
+    node = cluster["node-a"]
+    kubelet, agent = node.kubelet, node.agent
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    vdevs = [f"{CONFIG}-0", f"{CONFIG}-1"]
+    for i, vdev in enumerate(vdevs):
+        held = f"C:{vdev}:node-a"
+        assert agent.claims.claim(FOO0, f"{FOO0}-{i}", held, node="node-a") == "claimed"
+    kubelet.wait_devices(RESOURCE, lambda d: set(vdevs) <= healthy(d))
+
+    answer = allocate(kubelet, RESOURCE, vdevs)
+
+    assert isinstance(answer, dp.AllocateResponse), answer
+    values = {**cluster.usage(FOO0), **cluster.usage(FOO1)}
+    held = {k.rsplit("-", 1)[0]: v for k, v in values.items() if v}
+    assert sorted(held) == [FOO0, FOO1]
+    assert sorted(held.values()) == sorted(f"C:{v}:node-a" for v in vdevs)

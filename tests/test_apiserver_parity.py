@@ -265,3 +265,61 @@ def test_null_values_are_dropped_or_kept_as_the_schema_says(kube, co):
         _content_type="application/json-patch+json",
     )  # fmt: skip
     assert added["spec"]["deviceUsage"] == {"i-2": "node-a"}
+
+
+# -- quantities: stored canonical, extended resources whole and equal -------------------------
+
+
+def pod_asking(name: str, requests: dict | None, limits: dict | None) -> dict:
+    resources = {}
+    if requests is not None:
+        resources["requests"] = requests
+    if limits is not None:
+        resources["limits"] = limits
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "resources": resources}]},
+    }
+
+
+def stored_resources(core, namespace: str, name: str) -> dict:
+    raw = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    return json.loads(raw.data)["spec"]["containers"][0]["resources"]
+
+
+def test_quantities_come_back_in_canonical_form(kube, core):
+    asked = {"akri.sh/x": "1000", "example.com/mem": "2048Ki", "memory": "1536Mi", "cpu": "0.5"}
+    core.create_namespaced_pod(kube.namespace, pod_asking("canonical", asked, asked))
+
+    stored = stored_resources(core, kube.namespace, "canonical")
+
+    wanted = {"akri.sh/x": "1k", "example.com/mem": "2Mi", "memory": "1536Mi", "cpu": "500m"}
+    assert stored == {"requests": wanted, "limits": wanted}
+
+
+def test_a_limit_alone_is_also_the_request(kube, core):
+    core.create_namespaced_pod(kube.namespace, pod_asking("limits", None, {"akri.sh/x": "2"}))
+
+    assert stored_resources(core, kube.namespace, "limits") == {
+        "requests": {"akri.sh/x": "2"},
+        "limits": {"akri.sh/x": "2"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("requests", "limits", "problem"),
+    [
+        ({"akri.sh/x": "500m"}, {"akri.sh/x": "500m"}, "must be an integer"),
+        ({"akri.sh/x": "-1"}, {"akri.sh/x": "-1"}, "must be greater than or equal to 0"),
+        ({"akri.sh/x": "2"}, {"akri.sh/x": "1"}, "must be equal to akri.sh/x limit of 1"),
+        ({"akri.sh/x": "1"}, None, "Limit must be set for non overcommitable resources"),
+    ],
+)
+def test_an_extended_resource_asked_wrongly_is_422(kube, core, requests, limits, problem):
+    status, body = failure(
+        core.create_namespaced_pod, kube.namespace, pod_asking("wrong", requests, limits)
+    )
+
+    assert status == 422
+    assert problem in body["message"]
+    assert body["details"]["causes"]

@@ -40,7 +40,7 @@ KEYS = {
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
     "failover": {"p95_s", "dual_leader_writes"},
     "extender-filter": {"p95_ms"},
-    "schedule-storm": {"admission_errors", "overbooked"},
+    "schedule-storm": {"admission_errors", "overbooked", "rescheduled_s"},
     "charges": {"full_ms", "incremental_p95_ms"},
     "webhook": {"p99_ms"},
 }

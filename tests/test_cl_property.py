@@ -131,9 +131,10 @@ def check_invariants(cluster: AgentCluster, unique: bool) -> None:
 
 def expected_lists(found: dict[str, InstanceState], node: str, unique: bool) -> dict:
     """resource -> {device id: health} on ``node``, from the rules stated plainly (seed 001,
-    akri-compat.md §4.3, Akri #849): IL slots free or held by this node's IL plugin are
-    Healthy; CL vdevs this node holds are Unhealthy and of the rest the lowest k are Healthy,
-    k = Instances with a free slot (unique) or free slots (packing)."""
+    akri-compat.md §4.3, issue 27): IL slots free or held by this node's IL plugin are
+    Healthy; CL vdevs this node holds are Healthy (not Unhealthy as Akri #849 has them, which
+    kube-scheduler would count twice), and of the rest the lowest k are Healthy, k = Instances
+    with a free slot (unique) or free slots (packing), the others up to the count Unhealthy."""
     held = {
         view.usage.vdev
         for state in found.values()
@@ -143,9 +144,17 @@ def expected_lists(found: dict[str, InstanceState], node: str, unique: bool) -> 
     free = {name: len(state.free_slots()) for name, state in found.items()}
     count = len(found) if unique else CAPACITY * len(found)
     k = sum(1 for f in free.values() if f) if unique else sum(free.values())
-    others = [f"{CONFIG}-{n}" for n in range(count) if f"{CONFIG}-{n}" not in held]
+    others: list[str] = []
+    n = 0
+    while n < count or len(others) < k:
+        if f"{CONFIG}-{n}" not in held:
+            others.append(f"{CONFIG}-{n}")
+        n += 1
     lists = {
-        CL: {vdev: HEALTHY if vdev in others[:k] else UNHEALTHY for vdev in held | set(others)}
+        CL: {
+            vdev: HEALTHY if vdev in held or vdev in others[:k] else UNHEALTHY
+            for vdev in held | set(others)
+        }
     }
     for name, state in found.items():
         lists[IL[name]] = {
@@ -189,8 +198,14 @@ class Run:
     def allocate(self, node: str, resource: str, count: int) -> None:
         found = converge(self.cluster, self.unique)
         before = held_slots(found)
-        if resource == CL:  # the vdevs the node's pods hold are the Unhealthy ones
-            free = len(healthy(expected_lists(found, node, self.unique)[CL]))
+        if resource == CL:  # the vdevs the node's pods hold are Healthy, but allocated
+            held = {
+                v.usage.vdev
+                for s in found.values()
+                for v in s.views()
+                if v.usage.node == node and v.usage.kind is UsageKind.CONFIG
+            }
+            free = len(healthy(expected_lists(found, node, self.unique)[CL]) - held)
         else:  # the node's own IL slots are Healthy, but allocated to its pods
             free = len(found[resource.removeprefix("akri.sh/")].free_slots())
 

@@ -4,10 +4,16 @@ cache sync, a kubelet simulator each, real gRPC. Two cameras (debugEcho ``foo0``
 ``foo1`` -> ``a19705``), shared, capacity 2; once with uniqueDevices true, once false.
 
 What the seed calls a node's "Capacity" after a step is, in kubelet terms, what is still free
-to hand out: our plugins keep every device listed (``kubelet.capacity()`` stays put) and mark
-the ones that cannot be had Unhealthy, so the seed's numbers show up as
-``kubelet.allocatable()`` (healthy minus allocated). The seed shows one node's view; we assert
-both nodes'.
+to hand out: ``kubelet.free()`` (Healthy minus allocated), which is also what kube-scheduler
+computes (allocatable, the Healthy count, minus the requests of the node's pods). The seed
+shows one node's view; we assert both nodes'.
+
+One departure from the seed: in unique mode the seed caps a node at one CL slot per camera
+(node-a's CL shows "0 (2 - 2)" after its pod took one slot of each). We keep the vdevs a pod
+holds Healthy, as every device plugin keeps its held devices, and offer as many more as the
+node can still claim; uniqueness binds the devices of one request, so a second pod of node-a
+may take the other slot of each camera. Marking held vdevs Unhealthy (Akri #849) makes
+kube-scheduler subtract them twice and a node stops taking CL pods after the first.
 
 Where our slot choice differs from the seed's picture, the comments say why. A pod asking for
 3 unique devices where 2 exist is refused whole with no claim left behind:
@@ -47,7 +53,7 @@ def cluster(kube):
 
 def advertised(cluster: AgentCluster, node: str) -> dict[str, tuple[int, int]]:
     kubelet = cluster[node].kubelet
-    return {r: (kubelet.capacity(r), kubelet.allocatable(r)) for r in (CL, IL0, IL1)}
+    return {r: (kubelet.capacity(r), kubelet.free(r)) for r in (CL, IL0, IL1)}
 
 
 def assert_views(cluster: AgentCluster, expected: Views) -> None:
@@ -122,17 +128,24 @@ def test_seed_001_worked_example_with_unique_devices(cluster):
         FOO0: {f"{FOO0}-0": f"C:{VDEV0}:node-a", f"{FOO0}-1": ""},
         FOO1: {f"{FOO1}-0": f"C:{VDEV1}:node-a", f"{FOO1}-1": ""},
     }
-    # The seed's "CL 0 (2 - 2), IL 1 each" is node-a's allocatable. node-b can still get two
-    # unique cameras through CL: each has a free slot.
+    # The seed shows node-a "CL 0 (2 - 2), IL 1 each". Each camera still has a free slot, so
+    # node-a offers two more vdevs besides the pod's two (see the module's docstring); node-b
+    # can still get two unique cameras through CL too.
     assert_views(
         cluster,
         {
-            "node-a": {CL: (2, 0), IL0: (2, 1), IL1: (2, 1)},
+            "node-a": {CL: (4, 2), IL0: (2, 1), IL1: (2, 1)},
             "node-b": {CL: (2, 2), IL0: (2, 1), IL1: (2, 1)},
         },
     )
-    # The pod's vdevs are Unhealthy, not offered again (Akri #849), and no other is Healthy.
-    assert_devices(cluster, "node-a", CL, {VDEV0: "Unhealthy", VDEV1: "Unhealthy"})
+    # The pod's vdevs stay Healthy (allocated to it, counted in allocatable and in its
+    # request, as kube-scheduler reckons), not Unhealthy as Akri #849 would have them.
+    assert_devices(
+        cluster,
+        "node-a",
+        CL,
+        {VDEV0: "Healthy", VDEV1: "Healthy", f"{CONFIG}-2": "Healthy", f"{CONFIG}-3": "Healthy"},
+    )
 
     slots = step_2(cluster)
 
@@ -143,13 +156,14 @@ def test_seed_001_worked_example_with_unique_devices(cluster):
         FOO0: {f"{FOO0}-0": f"C:{VDEV0}:node-a", f"{FOO0}-1": ""},
         FOO1: {f"{FOO1}-0": f"C:{VDEV1}:node-a", f"{FOO1}-1": "node-b"},
     }
-    # The seed's final block (CL 0, 8120fe 1, a19705 0) is node-a's allocatable. On node-b the
-    # one free slot left (8120fe-1) shows through both views; a19705's slot node-b holds stays
-    # Healthy there (the kubelet may re-ask, Akri PR #556) but is allocated to the pod.
+    # The seed's final block (CL 0, 8120fe 1, a19705 0) is node-a's; our node-a still offers
+    # the one free slot left (8120fe-1) through CL as well. On node-b that slot shows through
+    # both views; a19705's slot node-b holds stays Healthy there (the kubelet may re-ask, Akri
+    # PR #556) but is allocated to the pod.
     assert_views(
         cluster,
         {
-            "node-a": {CL: (2, 0), IL0: (2, 1), IL1: (2, 0)},
+            "node-a": {CL: (3, 1), IL0: (2, 1), IL1: (2, 0)},
             "node-b": {CL: (2, 1), IL0: (2, 1), IL1: (2, 0)},
         },
     )
@@ -196,8 +210,8 @@ def test_seed_001_worked_example_with_packing(cluster):
         "node-a",
         CL,
         {
-            VDEV0: "Unhealthy",
-            VDEV1: "Unhealthy",
+            VDEV0: "Healthy",
+            VDEV1: "Healthy",
             f"{CONFIG}-2": "Healthy",
             f"{CONFIG}-3": "Healthy",
         },

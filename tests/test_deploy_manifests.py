@@ -5,6 +5,7 @@ With AKRI_TEST_KUBECONFIG, every object is also sent to that server with a dry r
 from __future__ import annotations
 
 import copy
+import os
 
 import kubernetes_validate
 import pytest
@@ -232,3 +233,102 @@ def _into(obj: dict, namespace: str) -> dict:
     for subject in obj.get("subjects") or []:
         subject["namespace"] = namespace
     return obj
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/embedded-redis", "overlays/external"])
+def test_kustomize_renders_every_tree_without_a_deprecation_warning(path):
+    import subprocess
+
+    from tests.deploykit import DEPLOY, kubectl
+
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(DEPLOY / path)], capture_output=True, text=True, timeout=120
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "deprecated" not in done.stderr.lower(), done.stderr
+
+
+def test_the_cert_manager_component_issues_the_secret_the_web_mounts_and_injects_every_ca(
+    tmp_path,
+):
+    """deploy/extras/cert-manager from an overlay of the user's: its Certificate is the Secret
+    the web pods mount, for the name the API server dials, and the CA injector is asked to fill
+    every webhook of akri-site-pods."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from tests.deploykit import DEPLOY, kubectl
+
+    relative = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources:\n  - {relative}/overlays/embedded-redis\n"
+        f"components:\n  - {relative}/extras/cert-manager\n"
+    )
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+    certificate = by_kind[("Certificate", "akri-site-webhook")]
+    webhooks = by_kind[("ValidatingWebhookConfiguration", "akri-site-pods")]
+    web = by_kind[("Deployment", "akri-site-web")]
+    mounted = {
+        v["secret"]["secretName"]
+        for v in web["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    services = {w["clientConfig"]["service"]["name"] for w in webhooks["webhooks"]}
+    namespace = certificate["metadata"]["namespace"]
+
+    assert certificate["spec"]["secretName"] in mounted
+    assert {f"{name}.{namespace}.svc" for name in services} <= set(certificate["spec"]["dnsNames"])
+    assert webhooks["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"{namespace}/{certificate['metadata']['name']}"
+    )
+    assert ("Issuer", certificate["spec"]["issuerRef"]["name"]) in by_kind
+
+
+@pytest.mark.kube
+def test_set_webhook_ca_gives_every_webhook_the_ca(kube, tmp_path):
+    """deploy/set-webhook-ca, as the README tells an operator to run it, on a real server."""
+    if not kube.real:
+        pytest.skip("admissionregistration needs a real API server: set AKRI_TEST_KUBECONFIG")
+    import base64
+    import subprocess
+
+    from tests.deploykit import DEPLOY
+
+    (config,) = [d for d in render("base") if d["kind"] == "ValidatingWebhookConfiguration"]
+    body = copy.deepcopy(config)
+    # Nothing serves it here: fail open and never match a namespace, so no other test waits.
+    for webhook in body["webhooks"]:
+        webhook["namespaceSelector"] = {"matchLabels": {"akri-site-test": "never"}}
+    api = client.AdmissionregistrationV1Api(kube.api_client)
+    api.create_validating_webhook_configuration(body)
+    try:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.crt"),
+             "-subj", "/CN=akri-site-webhook.akri-site.svc"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        done = subprocess.run(
+            [str(DEPLOY / "set-webhook-ca"), str(tmp_path / "tls.crt")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KUBECONFIG": kube.kubeconfig},
+        )
+        assert done.returncode == 0, done.stderr
+
+        stored = api.read_validating_webhook_configuration(body["metadata"]["name"])
+        wanted = (tmp_path / "tls.crt").read_bytes()
+        assert len(stored.webhooks) == len(body["webhooks"]) == 2
+        assert all(base64.b64decode(w.client_config.ca_bundle) == wanted for w in stored.webhooks)
+    finally:
+        api.delete_validating_webhook_configuration(body["metadata"]["name"])

@@ -83,24 +83,31 @@ def test_the_seed_example_names_are_akris():
     assert (CAM1, CAM2) == ("akri-onvif-8120fe", "akri-onvif-a19705")
 
 
+def scheduler_free(states: list[InstanceState], node: str, unique: bool) -> int:
+    """What kube-scheduler sees free on ``node``: its allocatable (the Healthy vdevs) minus the
+    requests of the pods there, which hold the vdevs ``node`` holds."""
+    return healthy(cl_devices(CFG, states, node, unique)) - len(held_vdevs(states, node, CFG))
+
+
 @pytest.mark.parametrize(
-    ("unique", "cl_total", "cl_available_a", "cl_available_b"),
+    ("unique", "cl_listed", "cl_free_a", "cl_free_b"),
     [
-        # uniqueDevices true: 2 CL devices; node-a holds both after step 2 -> "0 (2 - 2)".
-        (True, 2, [2, 0, 0], [2, 2, 1]),
+        # uniqueDevices true: 2 CL devices at first. After step 2 the seed shows node-a "0
+        # (2 - 2)": it caps a node at one CL slot per camera. We let a second pod of node-a
+        # take the other slot of each camera (uniqueness binds the devices of one request), so
+        # node-a still has 2 free, then 1 once node-b takes a19705's last slot.
+        (True, [2, 4, 3], [2, 2, 1], [2, 2, 1]),
         # false: 4 CL devices ("2 * 2"), the flow is otherwise the same.
-        (False, 4, [4, 2, 1], [4, 2, 1]),
+        (False, [4, 4, 4], [4, 2, 1], [4, 2, 1]),
     ],
 )
-def test_seed_001_worked_example(unique, cl_total, cl_available_a, cl_available_b):
+def test_seed_001_worked_example(unique, cl_listed, cl_free_a, cl_free_b):
     il_a = [[2, 2], [1, 1], [1, 0]]  # seed: 8120fe 2 -> 1 -> 1, a19705 2 -> 1 -> 0 on node-a
     il_b = [[2, 2], [1, 1], [1, 1]]  # node-b holds a19705-0 itself, so it stays Healthy there
     for step, states in enumerate(seed_steps()):
-        devices_a = cl_devices(CFG, states, "node-a", unique)
-        devices_b = cl_devices(CFG, states, "node-b", unique)
-        assert len(devices_a) == len(devices_b) == cl_total
-        assert healthy(devices_a) == cl_available_a[step], step
-        assert healthy(devices_b) == cl_available_b[step], step
+        assert len(cl_devices(CFG, states, "node-a", unique)) == cl_listed[step], step
+        assert scheduler_free(states, "node-a", unique) == cl_free_a[step], step
+        assert scheduler_free(states, "node-b", unique) == cl_free_b[step], step
         assert [il_healthy(s, "node-a") for s in states] == il_a[step], step
         assert [il_healthy(s, "node-b") for s in states] == il_b[step], step
 
@@ -119,13 +126,13 @@ def test_seed_001_unique_plan_takes_one_slot_of_each_camera():
     plan = plan_cl_claims(states, "node-a", ids, True, CFG)
     assert sorted(name for _, name, _ in plan) == [CAM1, CAM2]
     after = apply_plan(states, plan, "node-a")
-    assert healthy(cl_devices(CFG, after, "node-a", True)) == 0
+    assert scheduler_free(after, "node-a", True) == 2
     assert [il_healthy(s, "node-a") for s in after] == [1, 1]
     # node-b then takes a camera through IL; the other camera still has a slot for CL.
     cam2 = next(s for s in after if s.name == CAM2)
     free = cam2.free_slots()[0]
     after = [after[0], cam(CAM2, {**cam2.device_usage, free: format_il("node-b")})]
-    assert healthy(cl_devices(CFG, after, "node-b", True)) == 1
+    assert scheduler_free(after, "node-b", True) == 1
     with pytest.raises(InsufficientDevices, match="2 unique devices requested, 1 available"):
         plan_cl_claims(after, "node-b", [vd(0), vd(1)], True, CFG)
 
@@ -135,7 +142,7 @@ def test_seed_001_packing_plan_fills_one_camera_first():
     plan = plan_cl_claims(states, "node-a", [vd(0), vd(1)], False, CFG)
     assert plan == [(vd(0), CAM1, slot_key(CAM1, 0)), (vd(1), CAM1, slot_key(CAM1, 1))]
     after = apply_plan(states, plan, "node-a")
-    assert healthy(cl_devices(CFG, after, "node-a", False)) == 2
+    assert scheduler_free(after, "node-a", False) == 2
     assert [il_healthy(s, "node-a") for s in after] == [0, 2]
 
 
@@ -153,16 +160,18 @@ def test_cl_devices_counts_only_usable_instances_of_the_configuration():
     assert cl_devices(CFG, states, "node-c", True) == []
 
 
-def test_held_vdevs_are_unhealthy_and_the_lowest_free_ones_healthy():
+def test_held_vdevs_stay_healthy_and_the_lowest_free_ones_are_offered():
     states = [
         cam(CAM1, {slot_key(CAM1, 0): format_cl(vd(1), "node-a")}, capacity=3),
         cam(CAM2, {slot_key(CAM2, 0): format_il("node-b")}, capacity=3),
     ]
     assert cl_count(states, "node-a", False, CFG) == 6
     assert cl_claimable(states, "node-a", False, CFG) == 4
+    # Held vdev 1 is Healthy (the kubelet keeps it for its pod and counts it in allocatable,
+    # which kube-scheduler reduces by the pod's request), and 4 more are offered.
     assert cl_devices(CFG, states, "node-a", False) == [
         (vd(0), HEALTHY),
-        (vd(1), "Unhealthy"),
+        (vd(1), HEALTHY),
         (vd(2), HEALTHY),
         (vd(3), HEALTHY),
         (vd(4), HEALTHY),
@@ -179,7 +188,7 @@ def test_unique_mode_counts_instances_with_a_free_slot():
     assert healthy(cl_devices(CFG, states, "node-a", True)) == 1
 
 
-def test_held_vdevs_beyond_the_count_stay_listed_unhealthy():
+def test_held_vdevs_beyond_the_count_stay_listed():
     # CAM2 went away from node-a while node-a held vdev 3 on it.
     states = [
         cam(CAM1, {}),
@@ -189,7 +198,41 @@ def test_held_vdevs_beyond_the_count_stay_listed_unhealthy():
     assert cl_devices(CFG, states, "node-a", False) == [
         (vd(0), HEALTHY),
         (vd(1), HEALTHY),
-        (vd(3), "Unhealthy"),
+        (vd(3), HEALTHY),
+    ]
+
+
+def allocatable_minus_requests(states, node, unique, requests):
+    """What kube-scheduler's resource fit sees free: Healthy devices minus the node's requests."""
+    return healthy(cl_devices(CFG, states, node, unique)) - requests
+
+
+def test_the_scheduler_sees_what_the_node_can_still_claim_after_each_cl_pod():
+    # Issue 27's reproduction: two Instances of capacity 2 on one node, pods asking 1 each.
+    for unique in (True, False):
+        states = [cam(CAM1, {}), cam(CAM2, {})]
+        held: list[tuple[int, str]] = []  # (instance index, slot key)
+        for pod in range(4):
+            assert allocatable_minus_requests(states, "node-a", unique, pod) >= 1, (unique, pod)
+            plan = plan_cl_claims(states, "node-a", [vd(100 + pod)], unique, CFG)
+            ((vdev, name, key),) = plan
+            i = 0 if name == CAM1 else 1
+            usage = dict(states[i].device_usage)
+            usage[key] = format_cl(vdev, "node-a")
+            states[i] = cam(name, usage)
+            held.append((i, key))
+        # Every slot is held: nothing is offered, and nothing is counted twice.
+        assert allocatable_minus_requests(states, "node-a", unique, 4) == 0
+        assert healthy(cl_devices(CFG, states, "node-a", unique)) == 4
+
+
+def test_a_held_vdev_offered_again_maps_to_the_slot_it_holds():
+    # Its pod ended and the release is not through: the kubelet may hand it to the next pod.
+    held = format_cl(vd(0), "node-a")
+    states = [cam(CAM1, {slot_key(CAM1, 0): held, slot_key(CAM1, 1): "node-b"}), cam(CAM2, {})]
+    assert (vd(0), HEALTHY) in cl_devices(CFG, states, "node-a", True)
+    assert plan_cl_claims(states, "node-a", [vd(0)], True, CFG) == [
+        (vd(0), CAM1, slot_key(CAM1, 0))
     ]
 
 
@@ -356,7 +399,13 @@ class SlotMachine(RuleBasedStateMachine):
     @rule(data=st.data(), node=st.sampled_from(SIM_NODES), unique=st.booleans())
     def cl_claim(self, data, node, unique):
         states = self.states()
-        healthy_ids = [d for d, h in cl_devices(CFG, states, node, unique) if h == HEALTHY]
+        # The kubelet offers Healthy ids its pods do not hold; here every held vdev has its pod.
+        held_now = held_vdevs(states, node, CFG)
+        healthy_ids = [
+            d
+            for d, h in cl_devices(CFG, states, node, unique)
+            if h == HEALTHY and d not in held_now
+        ]
         size = data.draw(st.integers(1, 3))
         if len(healthy_ids) >= size and data.draw(st.booleans()):
             # What kubelet would ask for: any `size` of the ids advertised Healthy.
@@ -438,12 +487,17 @@ class SlotMachine(RuleBasedStateMachine):
             assert len(seen) == len(set(seen)), (node, seen)
 
     @invariant()
-    def advertised_healthy_never_exceeds_what_can_be_claimed(self):
+    def allocatable_is_what_is_held_plus_what_can_be_claimed(self):
+        # kube-scheduler subtracts the node's requests (its held vdevs) from the Healthy count.
         states = self.states()
         for node in SIM_NODES:
             for unique in (True, False):
-                devices = cl_devices(CFG, states, node, unique)
-                assert healthy(devices) <= cl_claimable(states, node, unique, CFG)
+                held = held_vdevs(states, node, CFG)
+                devices = dict(cl_devices(CFG, states, node, unique))
+                assert all(devices.get(vdev) == HEALTHY for vdev in held)
+                assert healthy(list(devices.items())) == len(held) + cl_claimable(
+                    states, node, unique, CFG
+                )
 
 
 SlotMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)

@@ -49,7 +49,11 @@ def world(kube, settings):
     ).start()
     core = client.CoreV1Api(kube.api_client)
     kubelets = {name: cluster[name].kubelet for name in NODES}
-    scheduler = MiniScheduler(core, kube.namespace, service.url, kubelets)
+    # As deploy/scheduler's configuration has it: the CL resource is left to the extender
+    # (ignoredByScheduler), whose reasons then reach the pod.
+    scheduler = MiniScheduler(
+        core, kube.namespace, service.url, kubelets, ignored_by_scheduler={RESOURCE}
+    )
     for name in ("node-a", "node-b"):
         cluster[name].kubelet.wait_devices(RESOURCE, lambda d: len(d) == 3, timeout=10)
     yield cluster, service, scheduler

@@ -125,7 +125,7 @@ def test_a_pod_we_cannot_read_is_an_error_not_an_exception():
 
     decision = state.filter(broken, ["n1"])
 
-    assert decision.fits == [] and "not a whole number" in decision.error
+    assert decision.fits == [] and "not a Kubernetes quantity" in decision.error
 
 
 def test_spreading_and_packing_score_free_room_opposite_ways():

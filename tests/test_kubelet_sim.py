@@ -342,7 +342,7 @@ def test_each_list_replaces_the_device_set_and_only_healthy_counts(sim, plugins)
     devices = sim.wait_devices(RESOURCE, lambda d: "a" not in d)
     assert devices == {"b": "Unhealthy", "c": "Healthy", "d": "healthy"}
     assert sim.capacity(RESOURCE) == 3
-    assert sim.allocatable(RESOURCE) == 1
+    assert sim.free(RESOURCE) == 1
     assert sim.list_updates(RESOURCE) == 2
     assert sim.resources()[RESOURCE].last_list_time is not None
 
@@ -355,7 +355,7 @@ def test_stream_end_marks_every_device_unhealthy_and_keeps_capacity(sim, plugins
     devices = sim.wait_devices(RESOURCE, lambda d: set(d.values()) == {"Unhealthy"})
     assert len(devices) == 3
     assert sim.capacity(RESOURCE) == 3
-    assert sim.allocatable(RESOURCE) == 0
+    assert sim.free(RESOURCE) == 0
     assert not sim.resources()[RESOURCE].connected
     result = sim.admit_pod("ns", "p", [{"name": "c", "requests": {RESOURCE: 1}}])
     assert not result.admitted
@@ -414,7 +414,7 @@ def test_admit_pod_allocates_one_container_at_a_time(sim, plugins) -> None:
     assert plugin.requests("GetPreferredAllocation") == []
     assert plugin.requests("PreStartContainer") == []
     assert sim.resources()[RESOURCE].allocated == set(sent[0]) | set(sent[1])
-    assert sim.allocatable(RESOURCE) == 1
+    assert sim.free(RESOURCE) == 1
     assert [(p.namespace, p.name) for p in sim.pods()] == [("ns", "p")]
 
 
@@ -479,7 +479,7 @@ def test_admit_pod_fails_on_allocate_error_and_releases_earlier_containers(sim, 
     assert len(plugin.requests("Allocate")) == 2
     assert sim.pods() == []
     assert sim.resources()[RESOURCE].allocated == set()
-    assert sim.allocatable(RESOURCE) == 4
+    assert sim.free(RESOURCE) == 4
 
 
 def test_admit_pod_fails_on_an_empty_allocate_response(sim, plugins) -> None:
@@ -490,7 +490,7 @@ def test_admit_pod_fails_on_an_empty_allocate_response(sim, plugins) -> None:
 
     assert not result.admitted
     assert "no containers return in allocation response" in result.error
-    assert sim.allocatable(RESOURCE) == 2
+    assert sim.free(RESOURCE) == 2
 
 
 def test_admit_pod_fails_without_calling_the_plugin_when_devices_are_short(sim, plugins) -> None:
@@ -525,7 +525,7 @@ def test_remove_pod_frees_its_ids_for_later_pods(sim, plugins) -> None:
 
     assert sim.remove_pod("ns", "p1")
 
-    assert sim.allocatable(RESOURCE) == 2
+    assert sim.free(RESOURCE) == 2
     again = sim.admit_pod("ns", "p2", [{"name": "c", "requests": {RESOURCE: 2}}])
     assert again.admitted
     assert sorted(again.container("c").devices[RESOURCE]) == ["d1", "d2"]
@@ -546,7 +546,7 @@ def test_pre_start_container_is_called_only_when_required(sim, plugins) -> None:
     failed = sim.admit_pod("ns", "q", [{"name": "c", "requests": {RESOURCE: 1}}])
     assert failed.admitted and not failed.started
     assert "PreStartContainer rpc failed" in failed.container("c").prestart_error
-    assert sim.allocatable(RESOURCE) == 0  # the pod keeps its devices
+    assert sim.free(RESOURCE) == 0  # the pod keeps its devices
 
 
 def test_concurrent_admissions_never_share_a_device(sim, plugins) -> None:
@@ -602,7 +602,7 @@ def test_admissions_racing_a_restart_keep_the_books_straight(sim, plugins) -> No
     held = [d for p in sim.pods() for c in p.containers for d in c.devices[RESOURCE]]
     assert len(held) == len(set(held)) == len([r for r in results if r.admitted])
     assert sim.resources()[RESOURCE].allocated == set(held)
-    assert sim.allocatable(RESOURCE) == 6 - len(held)
+    assert sim.free(RESOURCE) == 6 - len(held)
 
 
 # ---- restart ---------------------------------------------------------------------------------
@@ -646,7 +646,7 @@ def test_restart_wipes_sockets_keeps_allocations_and_accepts_re_registration(
     assert event.time - restarted < 2
     sim.wait_devices(RESOURCE, lambda d: len(d) == 3)
     assert sim.resources()[RESOURCE].registrations == 2
-    assert sim.allocatable(RESOURCE) == 2
+    assert sim.free(RESOURCE) == 2
     allocate_calls = len(plugin.requests("Allocate"))
     other = sim.admit_pod("ns", "q", [{"name": "c", "requests": {RESOURCE: 2}}])
     assert other.admitted

@@ -581,7 +581,10 @@ def extender_scheduling(kube, rec: Recorder, monkeypatch) -> None:
         rec.client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
     ).start()
     try:
-        scheduler = MiniScheduler(core, work, service.url, {"node-a": None})
+        # As deploy/scheduler configures it: the CL resource is the extender's to count.
+        scheduler = MiniScheduler(
+            core, work, service.url, {"node-a": None}, ignored_by_scheduler={"akri.sh/cams"}
+        )
         outcome = scheduler.schedule(scheduler.create("filtered", {"akri.sh/cams": 1}), admit=False)
         assert (outcome.node, outcome.error) == ("node-a", "")
         core.create_namespaced_pod(work, pod_body("unseen", {"akri.sh/cams": 1}))

@@ -54,3 +54,30 @@ def test_the_example_calls_the_verbs_runextender_serves():
         "bind",
     )
     assert extender["urlPrefix"].endswith(":8888")  # runextender's default port
+
+
+def test_the_example_calls_the_extender_service_deploy_renders():
+    from urllib.parse import urlsplit
+
+    from .deploykit import render
+
+    extender = yaml.safe_load(EXAMPLE.read_text())["extenders"][0]
+    url = urlsplit(extender["urlPrefix"])
+    services = [
+        doc
+        for doc in render("base")
+        if doc["kind"] == "Service" and doc["metadata"]["name"].endswith("extender")
+    ]
+
+    assert len(services) == 1
+    service = services[0]
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert url.hostname == f"{name}.{namespace}.svc"
+    assert url.port in {port["port"] for port in service["spec"]["ports"]}
+
+
+def test_configuration_level_resources_are_left_to_the_extender_so_its_reason_reaches_the_pod():
+    extender = yaml.safe_load(EXAMPLE.read_text())["extenders"][0]
+
+    assert extender["managedResources"]
+    assert all(r["ignoredByScheduler"] is True for r in extender["managedResources"])

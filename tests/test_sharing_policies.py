@@ -63,17 +63,26 @@ def test_unique_allocation_takes_one_slot_on_each_of_three_instances():
 
     assert len({k.rpartition("-")[0] for k in keys}) == 3
     assert "cam-000000-0" not in keys
-    # The CL plugin now advertises 3 devices, all held: another pod must wait.
-    assert cl.filter_node(pod({"akri.sh/cam": 1}))[0] is Code.UNSCHEDULABLE
+    # cam-0 is full now; cam-1 and cam-2 each have a slot left for later requests.
+    assert cl.filter_node(pod({"akri.sh/cam": 3})) == (
+        Code.UNSCHEDULABLE,
+        "3 unique cam devices requested, 2 of 3 free on node n1",
+    )
+    assert cl.filter_node(pod({"akri.sh/cam": 2})) == (Code.SUCCESS, "")
 
 
-def test_the_node_cannot_hold_more_unique_devices_than_it_sees_instances():
-    # Seed 001: two cameras of capacity 2, one pod holds both through CL: the resource shows 0.
+def test_slots_the_node_holds_through_cl_do_not_count_against_a_new_request():
+    # Seed 001's cameras: one pod of n1 holds a slot of each through CL. The other slot of
+    # each is what n1's CL plugin still offers (issue 27; the seed would show 0), so a second
+    # pod asking for two unique cameras fits, and a third does not.
     held = {0: {0: "C:cam-0:n1"}, 1: {1: "C:cam-1:n1"}}
     cl = policies("n1", cams(2, held=held), CAM)["akri-configuration"]
+    asking = pod({"akri.sh/cam": 2})
+
+    assert cl.filter_node(asking) == (Code.SUCCESS, "")
+    cl.allocate(asking)
 
     code, reason = cl.filter_node(pod({"akri.sh/cam": 1}))
-
     assert code is Code.UNSCHEDULABLE
     assert "0 of 2 free" in reason
 
@@ -98,17 +107,21 @@ def test_packing_fills_the_most_used_instance_first():
 def test_release_gives_the_slots_back():
     cl = policies("n1", cams(2), CAM)["akri-configuration"]
     asking = pod({"akri.sh/cam": 2})
+    second = pod({"akri.sh/cam": 2})
     cl.allocate(asking)
+    cl.allocate(second)
     assert cl.filter_node(pod({"akri.sh/cam": 2}))[0] is Code.UNSCHEDULABLE
 
     cl.release(asking)
 
     assert cl.filter_node(pod({"akri.sh/cam": 2})) == (Code.SUCCESS, "")
+    cl.release(second)
     assert cl.slots.assumed == {}
 
 
 def test_an_unconsumed_assignment_of_a_bound_pod_counts_until_the_agent_takes_it():
-    cl = policies("n1", cams(2), CAM)["akri-configuration"]
+    # The second slot of each camera is held elsewhere: the assignment takes what is left.
+    cl = policies("n1", cams(2, held={0: {1: "n2"}, 1: {1: "n2"}}), CAM)["akri-configuration"]
     slots = {"akri.sh/cam": ["cam-000000-0", "cam-000001-0"]}
     bound = pod({"akri.sh/cam": 2}, annotations=assigned("n1", slots), node="n1")
 

@@ -17,7 +17,11 @@ pool plays the kubelets admitting bound pods as they see them, so the extender m
 assignments the agents have not claimed yet. ``admission_errors``: bound pods a kubelet
 refused; ``overbooked``: admitted pods beyond the room, plus held slots in the API server that
 admitted pods do not account for (0 and 0 mean every pod either runs on a slot of its own or
-waits Pending with a reason).
+waits Pending with a reason). The scheduler stand-in runs kube-scheduler's resource fit before
+the extender. ``rescheduled_s``: once the storm is over, half the running pods are deleted;
+seconds until as many Pending pods are admitted in their place (the agents free the slots,
+the extender's books and the kubelets' lists follow; target 10 s); ``rescheduled_first_s``
+until the first of them is.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from agent.bench.agent import CONFIG, agents, configuration
 from agent.extender.service import ExtenderService
 from agent.kube.client import new_api_client
 from agent.models import Configuration, Instance
+from agent.simulator.kubelet_pods import PodFinisher
 from agent.simulator.scheduler import MiniScheduler, filter_args, post
 
 WARM_UP = 3
@@ -202,7 +207,7 @@ def bench_schedule_storm(quick: bool = False, stdout: Any = None) -> dict[str, o
     room = min(node_count * devices, devices * capacity)
     names = [f"node-{chr(ord('a') + i)}" for i in range(node_count)]
     resource = f"akri.sh/{CONFIG}"
-    with _assignments_on(), agents(names) as (api, nodes, kubeconfig):
+    with _assignments_on(), agents(names, reconcile=True) as (api, nodes, kubeconfig):
         api.create_configuration(configuration([f"d{i}" for i in range(devices)], capacity))
         for node in nodes:
             _wait_for(
@@ -218,50 +223,127 @@ def bench_schedule_storm(quick: bool = False, stdout: Any = None) -> dict[str, o
         service = ExtenderService(
             new_api_client(kubeconfig), namespace=api.namespace, feed_interval=0.1
         )
-        with service:
-            _wait_for(lambda: len(service.state._instances) == devices, 60, "the extender's books")
-            kubelets = {node.name: node.kubelet for node in nodes}
-            scheduler = MiniScheduler(core, api.namespace, service.url, kubelets)
-            figures = _storm(scheduler, resource, pods)
-            held = sum(
-                1
-                for obj in api.list_instances()["items"]
-                for value in (obj["spec"].get("deviceUsage") or {}).values()
-                if value
-            )
-    admitted = figures["admitted"]
-    figures["overbooked"] = max(0, admitted - room) + abs(held - admitted)
+        # The kubelets' side of a pod's deletion: stop it, then delete it with grace 0.
+        finishers = [
+            PodFinisher(node.kubelet, new_api_client(kubeconfig), api.namespace).start()
+            for node in nodes
+        ]
+        try:
+            with service:
+                _wait_for(
+                    lambda: len(service.state._instances) == devices, 60, "the extender's books"
+                )
+                kubelets = {node.name: node.kubelet for node in nodes}
+                scheduler = MiniScheduler(core, api.namespace, service.url, kubelets)
+                figures = _storm(scheduler, resource, pods)
+                figures["rescheduled_s"] = _reschedule(scheduler, core, figures)
+                held = sum(
+                    1
+                    for obj in api.list_instances()["items"]
+                    for value in (obj["spec"].get("deviceUsage") or {}).values()
+                    if value
+                )
+        finally:
+            for finisher in finishers:
+                finisher.stop()
+    admitted = figures.pop("running")
+    figures["overbooked"] = max(0, len(admitted) - room) + abs(held - len(admitted))
     figures["room"] = room
     figures["pods"] = pods
+    figures.pop("waiting")
     return {
         "admission_errors": figures.pop("admission_errors"),
         "overbooked": figures.pop("overbooked"),
+        "rescheduled_s": figures.pop("rescheduled_s"),
         **figures,
     }
 
 
 def _storm(scheduler: MiniScheduler, resource: str, count: int) -> dict[str, Any]:
     """One scheduling thread (this one), a pool of kubelets admitting what it binds."""
-    admitted = errors = pending = 0
+    errors = 0
+    waiting: list[dict[str, Any]] = []
     futures = []
     started = time.perf_counter()
     with ThreadPoolExecutor(4, thread_name_prefix="kubelet") as kubelets:
+        snapshot = scheduler.snapshot()  # kube-scheduler's cache: the pods it binds, assumed
         for i in range(count):
             pod = scheduler.create(f"storm-{i:04d}", {resource: 1})
-            outcome = scheduler.bind_best(pod)
+            outcome = scheduler.bind_best(pod, snapshot)
             if outcome.error:
                 raise RuntimeError(outcome.error)
             if not outcome.node:
-                pending += 1
+                waiting.append(pod)
                 continue
-            futures.append(kubelets.submit(scheduler.admit, pod, outcome.node))
-        for future in futures:
+            futures.append((pod, kubelets.submit(scheduler.admit, pod, outcome.node)))
+        running = []
+        for pod, future in futures:
             ok, _ = future.result()
-            admitted += ok
             errors += not ok
+            if ok:
+                running.append(pod)
     return {
         "admission_errors": errors,
-        "admitted": admitted,
-        "pending": pending,
+        "admitted": len(running),
+        "pending": len(waiting),
         "seconds": time.perf_counter() - started,
+        "running": running,
+        "waiting": waiting,
     }
+
+
+def _reschedule(scheduler: MiniScheduler, core: client.CoreV1Api, figures: dict) -> float:
+    """Half the running pods are deleted; seconds until as many Pending pods are admitted in
+    their place. The scheduler retries each Pending pod as its queue does (backing off to at
+    most 0.5 s here; kube-scheduler retries on the cluster events that may free room) and
+    never waits for a kubelet: a pool admits what it binds, as in the storm."""
+    running, waiting = figures["running"], figures["waiting"]
+    gone = running[: len(running) // 2]
+    wanted = min(len(gone), len(waiting))
+    started = time.perf_counter()
+    for pod in gone:
+        meta = pod["metadata"]
+        core.delete_namespaced_pod(meta["name"], meta["namespace"])
+    deadline = time.monotonic() + 60
+    pause = 0.05
+    futures = []
+    admitted_at: list[float] = []
+
+    def timed_admit(pod: dict[str, Any], node: str) -> tuple[bool, str]:
+        result = scheduler.admit(pod, node)
+        if result[0]:
+            admitted_at.append(time.perf_counter())
+        return result
+
+    with ThreadPoolExecutor(4, thread_name_prefix="kubelet") as kubelets:
+        while len(futures) < wanted:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(futures)} of {wanted} Pending pods bound in 60 s")
+            still = []
+            snapshot = scheduler.snapshot()  # the cache after the deletes it has heard of
+            for pod in waiting:
+                outcome = scheduler.bind_best(pod, snapshot)
+                if outcome.error:
+                    raise RuntimeError(outcome.error)
+                if outcome.node:
+                    futures.append((pod, kubelets.submit(timed_admit, pod, outcome.node)))
+                else:
+                    still.append(pod)
+            waiting[:] = still
+            if len(futures) < wanted:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+        for pod, future in futures:
+            ok, _ = future.result()
+            if ok:
+                running.append(pod)
+            else:
+                figures["admission_errors"] += 1
+    elapsed = time.perf_counter() - started
+    for pod in gone:
+        running.remove(pod)
+    figures["rescheduled"] = len(futures)
+    # The first one shows how soon a freed slot is usable; the whole figure adds the
+    # scheduling of every Pending pod, one after another.
+    figures["rescheduled_first_s"] = min(admitted_at, default=started) - started
+    return elapsed

@@ -5,14 +5,25 @@ count = number of Instances of C that N can use (N in spec.nodes) when uniqueDev
 or the sum of their capacities when false. Vdevs are not tied to Instances; Allocate maps each
 requested vdev to a real slot, written as `C:<vdev>:<N>`.
 
-Health, so that kubelet is never offered more than Allocate can grant:
-- vdevs N holds (some slot is `C:<vdev>:N`) are Unhealthy: kubelet already has them, and a
-  Healthy one would be offered again and refused (Akri #849);
+Health, so that kubelet's and kube-scheduler's arithmetic both come out right:
+- vdevs N holds (some slot is `C:<vdev>:N`) are Healthy, as every device plugin keeps a device
+  its pod holds: the kubelet's device manager never offers a device an active pod holds, and
+  kube-scheduler takes the node's allocatable (its Healthy devices) and subtracts the requests
+  of the pods bound there. Marking held vdevs Unhealthy (Akri #849 and its proposed fix)
+  subtracts them twice, and a node stops taking CL pods after the first;
 - of the rest, the lowest-numbered k are Healthy, k = what N could claim through CL now:
-  unique -> usable Instances with a free slot; packing -> free slots of usable Instances.
-A slot taken through either plugin therefore disappears from both views. In unique mode this
-also caps what N holds through CL at the number of Instances, as in seed 001's example
-(2 cameras of capacity 2: after one pod takes 2, `akri.sh/akri-onvif` shows 0).
+  unique -> usable Instances with a free slot (the most one request can get, since one request
+  needs distinct Instances); packing -> free slots of usable Instances;
+- the remaining ids up to the count stay listed Unhealthy, so the node's capacity is stable.
+So allocatable = held + claimable, and allocatable minus the node's CL requests is exactly what
+N can still claim. A slot taken through either plugin disappears from both views. Unlike seed
+001's worked example, unique mode does not cap what N holds through CL at one slot per
+Instance: uniqueness binds the devices of one request, and two pods may each hold a slot of
+the same camera, as two pods may through its Instance-level resource.
+
+A held vdev whose pod has ended but whose release is not through yet is Healthy, and the
+kubelet may offer it to a new pod: plan_cl_claims maps it to the slot it holds (ALREADY_OURS),
+and the node reconciler binds that slot to the new allocation.
 
 The CL plugin must serialize its own Allocate calls (one lock per plugin, as Akri PR #844):
 two concurrent plans from the same snapshot could map one vdev to two slots on this node,
@@ -77,8 +88,9 @@ def cl_devices(
 ) -> list[tuple[str, str]]:
     """(vdev id, health) for the CL plugin of `configuration` on `node`, in id order.
 
-    Held vdevs numbered beyond the current count (an Instance went away) are still listed,
-    Unhealthy, so that kubelet's view of devices its pods hold stays stable.
+    Held vdevs are Healthy wherever they are numbered (an Instance that went away leaves its
+    vdev listed while the pod holds it); then the lowest free ids, as many as `node` could
+    claim, are Healthy; the ids left below the count are Unhealthy.
     """
     count = cl_count(instances, node, unique, configuration)
     claimable = cl_claimable(instances, node, unique, configuration)
@@ -88,13 +100,17 @@ def cl_devices(
     }
     held.discard(None)
     devices: list[tuple[str, str]] = []
-    healthy = 0
-    for n in sorted(set(range(count)) | held):
-        if n in held or healthy >= claimable:
-            devices.append((cl_device_id(configuration, n), UNHEALTHY))
-        else:
+    offered = 0
+    n = 0
+    while n < count or offered < claimable or n <= max(held, default=-1):
+        if n in held:
             devices.append((cl_device_id(configuration, n), HEALTHY))
-            healthy += 1
+        elif offered < claimable:
+            devices.append((cl_device_id(configuration, n), HEALTHY))
+            offered += 1
+        elif n < count:
+            devices.append((cl_device_id(configuration, n), UNHEALTHY))
+        n += 1
     return devices
 
 
@@ -156,6 +172,11 @@ def plan_cl_claims(
     _check_vdevs(configuration, vdevs)
     held = held_vdevs(instances, node, configuration)
     plan = {vdev: held[vdev] for vdev in vdevs if vdev in held}
+    if unique and len({name for name, _ in plan.values()}) < len(plan):
+        # Two held vdevs on one Instance, offered together to a new pod after their pods
+        # ended (a re-ask repeats a request that was planned distinct): they cannot serve a
+        # request for distinct devices as they are. The caller frees them and plans afresh.
+        raise InsufficientDevices(len(vdevs), len({name for name, _ in plan.values()}), True)
     new = [vdev for vdev in vdevs if vdev not in plan]
     if new:
         usable = usable_instances(instances, node, configuration)

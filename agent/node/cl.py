@@ -2,7 +2,8 @@
 Configuration on each node that can use at least one of its Instances.
 
 It advertises virtual devices ``<configuration>-<n>`` (``cl_devices``: vdevs this node holds
-are Unhealthy, Akri #849; of the rest, as many are Healthy as slots can be claimed now).
+stay Healthy, as any plugin's held devices do, and of the rest as many are Healthy as slots can
+be claimed now, so that kube-scheduler's allocatable minus requests is what is free).
 Allocate maps each requested vdev to a real slot with ``plan_cl_claims`` and writes
 ``C:<vdev>:<node>`` there through the claim store, the slots of one request concurrently. It
 is all or nothing: if any claim fails, every claim this call made is released and the kubelet
@@ -24,7 +25,7 @@ from concurrent.futures import Future
 
 import grpc
 
-from agent.domain.cl import cl_devices, plan_cl_claims, preferred_allocation
+from agent.domain.cl import cl_devices, held_vdevs, plan_cl_claims, preferred_allocation
 from agent.domain.errors import InsufficientDevices, InvalidDeviceId
 from agent.domain.naming import cl_resource_name
 from agent.domain.slots import format_cl
@@ -134,7 +135,12 @@ class ConfigurationPlugin(DevicePlugin):
                 # the claim store's, a decision to write nothing must come from the API
                 # server: re-read what the view counts as busy, then plan once more.
                 self._refresh_busy()
-                plan = self._plan_from_view(vdevs)
+                try:
+                    plan = self._plan_from_view(vdevs)
+                except InsufficientDevices:
+                    if not self._free_offered_again(vdevs):
+                        raise
+                    plan = self._plan_from_view(vdevs)
         except InvalidDeviceId as exc:
             raise AllocateRefused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"Invalid device id {exc.device_id}: {exc.reason}"
@@ -150,6 +156,27 @@ class ConfigurationPlugin(DevicePlugin):
         node, unique = self.agent.node_name, self.unique()
         assigned = cl_plan(self._taken, states, node, vdevs, unique, self.configuration)
         return assigned or plan_cl_claims(states, node, vdevs, unique, self.configuration)
+
+    def _free_offered_again(self, vdevs: list[str]) -> bool:
+        """Unique mode: free the slots of held vdevs in a request that cannot be planned with
+        them, so that it is planned afresh; True when something was freed.
+
+        The kubelet offers a vdev this node holds only to the pod that holds it (a re-ask of a
+        request that was planned distinct) or once that pod has ended and before our release
+        is through. So held vdevs in a request that needs distinct devices and cannot keep
+        them belong to ended pods, and the new pod must not get an UnexpectedAdmissionError
+        for a slot that is ours to give.
+        """
+        if not self.unique():
+            return False
+        node = self.agent.node_name
+        held = held_vdevs(self.agent.view.states(self.configuration), node, self.configuration)
+        stale = [(*held[vdev], format_cl(vdev, node)) for vdev in vdevs if vdev in held]
+        for instance, key, value in stale:
+            self.agent.release_quietly(
+                instance, key, value, f"{value} offered again to a new pod; planned afresh"
+            )
+        return bool(stale)
 
     def _refresh_busy(self) -> None:
         """Re-read, concurrently, the usable Instances the view shows with a slot in use: only

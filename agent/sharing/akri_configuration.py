@@ -1,11 +1,11 @@
 """Policy ``akri-configuration``: pods asking for ``akri.sh/<configuration>`` (any N devices).
 
 With ``uniqueDevices`` (the default) N slots must sit on N distinct Instances this node can
-see, each with a free slot. The node's Configuration-level plugin also never advertises more
-devices than it sees Instances, minus those it already holds through that plugin (seed 001:
-two cameras, one pod holding both, the resource shows 0); asking more than that would fail at
-admission, so it does not fit either. Unresolvable when fewer than N Instances are visible at
-all; Unschedulable when enough exist but are busy. With ``uniqueDevices: false`` any free
+see, each with a free slot: exactly what the node's Configuration-level plugin offers the
+kubelet beside the vdevs its pods hold (``agent.domain.cl``), so a pod that fits here is
+admitted there. Slots the node already holds through that plugin do not count against it:
+uniqueness binds the devices of one request. Unresolvable when fewer than N Instances are
+visible at all; Unschedulable when enough exist but are busy. With ``uniqueDevices: false`` any free
 slots do (packing), Unresolvable when the visible Instances' capacities add up to less than N.
 
 Allocation mirrors the agent's own choice: unique takes the Instances with the most free slots
@@ -49,9 +49,7 @@ class AkriConfigurationPolicy(AkriSlotPolicy):
                 f"{count} unique {configuration} devices requested, node {self.node} sees "
                 f"{len(usable)}",
             ), []
-        # The CL plugin advertises one device per visible Instance, less those it holds.
-        advertised = len(usable) - self.slots.cl_held(configuration)
-        available = min(self.slots.with_free(configuration), advertised)
+        available = self.slots.with_free(configuration)
         if available < count:
             return (
                 Code.UNSCHEDULABLE,

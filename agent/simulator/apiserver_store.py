@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agent.simulator import quantity
 from agent.simulator.apiserver_schema import CrdSchema
 from agent.simulator.apiserver_select import (
     FieldRequirement,
@@ -640,6 +641,15 @@ class Store:
     @staticmethod
     def _conform(rt: ResourceType, version: str, obj: dict) -> dict:
         """A custom resource pruned, defaulted and validated against its version's schema."""
+        if rt.key in _QUANTITY_CHECKS:
+            # Quantities are stored canonical (1000 -> 1k) and validated as the pod and node
+            # strategies do; copies first, so that a refused write leaves the stored object be.
+            part, check = _QUANTITY_CHECKS[rt.key]
+            if isinstance(obj.get(part), dict):
+                obj = dict(obj, **{part: deepcopy(obj[part])})
+                problems = check(obj)
+                if problems:
+                    raise schema_invalid(rt, obj["metadata"].get("name", ""), problems)
         schema = rt.schemas.get(version) or rt.schemas.get(rt.versions[0])
         if schema is None:
             return obj
@@ -905,6 +915,11 @@ class Store:
                 "spec",
             )
 
+
+_QUANTITY_CHECKS = {
+    ("", "pods"): ("spec", quantity.pod_problems),
+    ("", "nodes"): ("status", quantity.node_problems),
+}
 
 # String maps where a JSON null decodes to "" (Go's zero value) instead of being refused.
 _STRING_MAPS = {("", "configmaps"): ("data",), ("", "secrets"): ("data", "stringData")}

@@ -294,7 +294,7 @@ class WorkloadGenerator:
         options = []
         for sim in self.cluster.sim_nodes:
             for resource in sim.kubelet.resources():
-                free = sim.kubelet.allocatable(resource)
+                free = sim.kubelet.free(resource)
                 if free > 0:
                     options.append((sim.name, resource, free))
         if not options:

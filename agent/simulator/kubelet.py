@@ -655,7 +655,14 @@ class KubeletSimulator:
             return len(state.devices) if state else 0
 
     def allocatable(self, resource: str) -> int:
-        """Healthy devices not held by any pod."""
+        """Healthy devices, held or not (node status allocatable, as a real kubelet reports
+        it: kube-scheduler subtracts the requests of the node's pods from it)."""
+        with self._lock:
+            state = self._resources.get(resource)
+            return len(state.healthy()) if state else 0
+
+    def free(self, resource: str) -> int:
+        """Healthy devices not held by any pod: what the device manager can still hand out."""
         with self._lock:
             state = self._resources.get(resource)
             return len(state.healthy() - state.allocated) if state else 0

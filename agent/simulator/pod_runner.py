@@ -142,7 +142,7 @@ class PodRunner:
         candidates = _affinity_nodes(pod) or sorted(self.kubelets or {})
         for node in candidates:
             kubelet = (self.kubelets or {}).get(node)
-            if kubelet and all(kubelet.allocatable(r) >= n for r, n in wanted.items()):
+            if kubelet and all(kubelet.free(r) >= n for r, n in wanted.items()):
                 return node
         return None
 

@@ -1,9 +1,18 @@
-"""A stand-in for kube-scheduler's use of an HTTP extender, for tests and benchmarks.
+"""A stand-in for kube-scheduler with an HTTP extender, for tests and benchmarks.
 
 It schedules one pod as the scheduler does with ``nodeCacheCapable: true`` and the extender as
-binder: POST ``filter`` with the pod and the node names, ``prioritize`` the survivors, take the
+binder. First the scheduler's own resource fit (the ``NodeResourcesFit`` filter) for extended
+resources: a node fits when its allocatable (what its kubelet reports: the Healthy devices,
+held or not) minus the requests of the pods bound to it, counted as kube-scheduler counts
+them (init containers at their peak, finished pods not at all), covers the pod's requests.
+Resources the configuration marks ``ignoredByScheduler`` are left to the extender. Then POST
+``filter`` with the pod and the fitting node names, ``prioritize`` the survivors, take the
 best score (ties: the first), POST ``bind``. The JSON is the scheduler's (``ExtenderArgs``
 with the unused field null). ``admit`` then plays the kubelet that sees the binding.
+
+Skipping the fit, as this stand-in once did, hid that kube-scheduler subtracts a pod's
+requests from allocatable: a plugin that also dropped held devices from allocatable (Akri
+#849's Unhealthy held vdevs) got counted twice and its node stopped taking pods.
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
+
+from agent.sharing.pods import EXTENDED, is_extended, is_finished, quantity, requests_of
+from agent.sharing.policy import PolicyError
 
 
 def post(url: str, body: Any, raw: bytes | None = None, timeout: float = 10) -> tuple[int, Any]:
@@ -64,14 +76,37 @@ class Outcome:
     admitted: bool = False
     error: str = ""
     filter_result: dict[str, Any] | None = None
+    # The scheduler's own fit: node -> why it does not fit ("Insufficient akri.sh/x").
+    unfit: dict[str, str] | None = None
+
+    def message(self, nodes: int) -> str:
+        """The FailedScheduling event kube-scheduler writes: "0/N nodes are available: ..."."""
+        reasons: dict[str, int] = {}
+        for why in (self.unfit or {}).values():
+            reasons[why] = reasons.get(why, 0) + 1
+        result = self.filter_result or {}
+        for key in ("FailedNodes", "FailedAndUnresolvableNodes"):
+            for why in (result.get(key) or {}).values():
+                reasons[why] = reasons.get(why, 0) + 1
+        listed = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+        return f"0/{nodes} nodes are available: {listed}."
 
 
 class MiniScheduler:
-    def __init__(self, core: client.CoreV1Api, namespace: str, url: str, kubelets: dict) -> None:
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        namespace: str,
+        url: str | None,
+        kubelets: dict,
+        ignored_by_scheduler: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
         self.core = core
         self.namespace = namespace
-        self.url = url
-        self.kubelets = kubelets  # node name -> KubeletSimulator
+        self.url = url  # the extender's; None: no extender, the scheduler binds
+        self.kubelets = kubelets  # node name -> KubeletSimulator (None: read the Node object)
+        # managedResources[].ignoredByScheduler: the fit leaves these to the extender.
+        self.ignored = frozenset(ignored_by_scheduler)
 
     def create(self, name: str, requests: dict[str, int]) -> dict[str, Any]:
         """Create the pod and read it back: the full v1.Pod JSON the scheduler would send."""
@@ -79,15 +114,105 @@ class MiniScheduler:
         response = self.core.read_namespaced_pod(name, self.namespace, _preload_content=False)
         return json.loads(response.data)
 
-    def bind_best(self, pod: dict[str, Any]) -> Outcome:
-        """Filter, prioritize and bind; the node bound to, or "" with the reasons."""
-        nodes = sorted(self.kubelets)
+    # --- NodeResourcesFit ----------------------------------------------------------------------
+
+    def allocatable(self, node: str, resource: str) -> int:
+        """The node's allocatable as its status reports it: the kubelet simulator's own count
+        (its Healthy devices), or the Node object's ``status.allocatable``."""
+        kubelet = self.kubelets.get(node)
+        if kubelet is not None:
+            return kubelet.allocatable(resource)
+        obj = self.core.read_node(node, _preload_content=False)
+        value = ((json.loads(obj.data).get("status") or {}).get("allocatable") or {}).get(resource)
+        try:
+            return quantity(value, resource) if value is not None else 0
+        except PolicyError:
+            return 0
+
+    def requested(self, nodes: list[str], skip_uid: str = "") -> dict[str, dict[str, int]]:
+        """node -> extended resource -> what the pods bound there ask for (finished pods and
+        the pod being scheduled left out), read from the API server as the scheduler's cache
+        would hold them."""
+        wanted = set(nodes)
+        response = self.core.list_pod_for_all_namespaces(_preload_content=False)
+        used: dict[str, dict[str, int]] = {node: {} for node in nodes}
+        for pod in json.loads(response.data).get("items") or []:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node not in wanted or is_finished(pod):
+                continue
+            if skip_uid and (pod.get("metadata") or {}).get("uid") == skip_uid:
+                continue
+            try:
+                asked = requests_of(pod, EXTENDED)
+            except PolicyError:
+                continue  # the API server stored it; it cannot be unreadable in practice
+            for name, count in asked.items():
+                used[node][name] = used[node].get(name, 0) + count
+        return used
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """What the pods bound to each node ask for, read once: like kube-scheduler's cache,
+        ``bind_best(pod, snapshot)`` adds each pod it binds (the assumed pod) to it at once,
+        so pods scheduled back to back from one snapshot are counted without a re-read."""
+        return self.requested(sorted(self.kubelets))
+
+    def fit(
+        self,
+        pod: dict[str, Any],
+        nodes: list[str],
+        snapshot: dict[str, dict[str, int]] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """(nodes that fit, node -> reason for the others), as NodeResourcesFit decides for
+        extended resources; every node fits a pod that asks for none (but ignored ones)."""
+        asked = {
+            name: count
+            for name, count in requests_of(pod, EXTENDED).items()
+            if name not in self.ignored
+        }
+        if not asked:
+            return list(nodes), {}
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        used = snapshot if snapshot is not None else self.requested(nodes, skip_uid=uid)
+        fits: list[str] = []
+        unfit: dict[str, str] = {}
+        for node in nodes:
+            short = [
+                name
+                for name, count in sorted(asked.items())
+                if self.allocatable(node, name) - used[node].get(name, 0) < count
+            ]
+            if short:
+                unfit[node] = ", ".join(f"Insufficient {name}" for name in short)
+            else:
+                fits.append(node)
+        return fits, unfit
+
+    # --- one scheduling cycle -----------------------------------------------------------------
+
+    def bind_best(
+        self, pod: dict[str, Any], snapshot: dict[str, dict[str, int]] | None = None
+    ) -> Outcome:
+        """Fit, filter, prioritize and bind; the node bound to, or "" with the reasons. With a
+        ``snapshot`` (see ``snapshot``) the fit reads it and the bound pod is added to it."""
+        outcome = self._bind_best(pod, snapshot)
+        if outcome.node and snapshot is not None:
+            used = snapshot.setdefault(outcome.node, {})
+            for name, count in requests_of(pod, EXTENDED).items():
+                used[name] = used.get(name, 0) + count
+        return outcome
+
+    def _bind_best(self, pod: dict[str, Any], snapshot: dict | None) -> Outcome:
+        nodes, unfit = self.fit(pod, sorted(self.kubelets), snapshot)
+        if not nodes:
+            return Outcome("", unfit=unfit)
+        if self.url is None:
+            return self._bind_alone(pod, nodes[0], unfit)
         status, result = post(self.url + "/filter", filter_args(pod, nodes))
         if status != 200 or result["Error"]:
-            return Outcome("", error=f"filter failed: {status} {result}")
+            return Outcome("", error=f"filter failed: {status} {result}", unfit=unfit)
         fits = result["NodeNames"] or []
         if not fits:
-            return Outcome("", filter_result=result)
+            return Outcome("", filter_result=result, unfit=unfit)
         _, scores = post(self.url + "/prioritize", filter_args(pod, fits))
         order = {name: i for i, name in enumerate(fits)}
         best = max(
@@ -102,8 +227,26 @@ class MiniScheduler:
         }
         status, bound = post(self.url + "/bind", bind)
         if status != 200 or bound["Error"]:
-            return Outcome("", error=f"bind failed: {status} {bound}", filter_result=result)
-        return Outcome(best["Host"], filter_result=result)
+            return Outcome(
+                "", error=f"bind failed: {status} {bound}", filter_result=result, unfit=unfit
+            )
+        return Outcome(best["Host"], filter_result=result, unfit=unfit)
+
+    def _bind_alone(self, pod: dict[str, Any], node: str, unfit: dict[str, str]) -> Outcome:
+        """No extender: the scheduler's own binder posts the Binding (first fitting node)."""
+        meta = pod["metadata"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            # Raw: the generated client cannot read back the Status a Binding answers with.
+            self.core.create_namespaced_binding(meta["namespace"], binding, _preload_content=False)
+        except client.ApiException as exc:
+            return Outcome("", error=f"bind failed: {exc.status} {exc.body}", unfit=unfit)
+        return Outcome(node, unfit=unfit)
 
     def schedule(self, pod: dict[str, Any], admit: bool = True) -> Outcome:
         outcome = self.bind_best(pod)
@@ -117,7 +260,9 @@ class MiniScheduler:
         containers = [
             {
                 "name": c["name"],
-                "requests": {k: int(v) for k, v in c["resources"]["limits"].items()},
+                "requests": {
+                    k: quantity(v, k) for k, v in c["resources"]["limits"].items() if is_extended(k)
+                },
             }
             for c in pod["spec"]["containers"]
         ]
