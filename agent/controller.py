@@ -4,7 +4,8 @@ It watches Configurations and Instances (through ``CacheSync``), Pods that reque
 ``akri.sh/*`` resources and Nodes; after each applied change it hands the Instance to the
 live ``Coalescer``, which publishes one delta per window to the channel layer. Node
 transitions to NotReady (or deletion) enqueue the cluster-wide reconciliation, which frees
-that node's slots once its grace has passed.
+that node's slots once its grace has passed. Which pod holds which slot comes from the pods
+themselves (their agents' ``akri-site.io/holds``), through ``agent.kube.holders``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from django.utils.dateparse import parse_datetime
 from kubernetes import client
 
 from agent.dbthreads import closing_connections, start_thread
+from agent.domain.holdings import HOLDS, parse_holds
+from agent.kube.holders import Holders
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Node, Pod
+from agent.sharing.pods import requests_of
+from agent.sharing.policy import PolicyError
 from agent.usage import UsageSampler
 
 log = logging.getLogger(__name__)
@@ -32,19 +37,13 @@ CHARGES_YIELD_BACKLOG = 20
 
 
 def pod_resources(pod: dict[str, Any]) -> dict[str, int]:
-    """``akri.sh/*`` resources a pod asks for, summed over its containers (limits win)."""
-    wanted: dict[str, int] = {}
-    spec = pod.get("spec") or {}
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        resources = container.get("resources") or {}
-        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        for name, quantity in asked.items():
-            if name.startswith(AKRI_PREFIX):
-                try:
-                    wanted[name] = wanted.get(name, 0) + int(str(quantity))
-                except ValueError:
-                    continue
-    return wanted
+    """``akri.sh/*`` resources a pod asks for, as kube-scheduler counts them (quantities in any
+    form the API server writes; init containers at their peak). A pod we cannot read asks for
+    nothing here: the API server would not have stored it."""
+    try:
+        return requests_of(pod, AKRI_PREFIX)
+    except PolicyError:
+        return {}
 
 
 def pod_fields(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -60,12 +59,14 @@ def pod_fields(obj: dict[str, Any]) -> dict[str, Any] | None:
         "phase": (obj.get("status") or {}).get("phase") or "",
         "resources": resources,
         "deleting": bool(meta.get("deletionTimestamp")),
+        "holds": parse_holds((meta.get("annotations") or {}).get(HOLDS)),
     }
 
 
-def apply_pod(obj: dict[str, Any]) -> bool:
-    """Mirror a pod that uses Akri resources; True when the cache changed."""
-    fields = pod_fields(obj)
+def apply_pod(obj: dict[str, Any], fields: dict[str, Any] | None = None) -> bool:
+    """Mirror a pod that uses Akri resources; True when the cache changed. ``fields``: its
+    ``pod_fields``, when the caller has them already."""
+    fields = fields if fields is not None else pod_fields(obj)
     if fields is None:
         return False
     meta = obj["metadata"]
@@ -102,7 +103,7 @@ def replace_pods(wanted: dict[tuple[str, str], dict[str, Any]]) -> None:
     """The pod cache becomes ``wanted``: rows written in bulk, and only those that differ (a
     thousand-node cluster relists tens of thousands of pods at every start)."""
     wanted = dict(wanted)
-    columns = ["uid", "node_name", "phase", "resources", "deleting"]
+    columns = ["uid", "node_name", "phase", "resources", "deleting", "holds"]
     gone, changed = [], []
     for row in Pod.objects.all().only("pk", "namespace", "name", *columns).iterator(BATCH):
         fields = wanted.pop((row.namespace, row.name), None)
@@ -177,6 +178,8 @@ class Controller:
             api_client, namespace, owner="controller", timeout_seconds=timeout_seconds
         )
         self.live = Coalescer()
+        # Slot.pod_* from the pods' own word (their agents keep the map on the node).
+        self.holders = Holders(on_changed=self._holders_changed)
         # Slot usage history for the dashboard's charts (agent.usage), sampled while leading.
         self.usage = UsageSampler()
         core = client.CoreV1Api(api_client)
@@ -224,6 +227,7 @@ class Controller:
 
     def start(self) -> Controller:
         self.live.start()
+        self.holders.start()
         self.sync.subscribe(self._on_sync)
         self.brokers.start()
         if self.owns_sync:
@@ -249,13 +253,18 @@ class Controller:
             watcher.stop()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.holders.stop()
         for timer in self._timers:
             timer.cancel()
         self.live.stop()
 
     # --- handlers -----------------------------------------------------------------------
     def _on_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
-        if kind != "instance" or not name:
+        if kind != "instance":
+            return
+        # The cache clears a slot's pod when its value changes: the holders fill it again.
+        self.holders.instance(self.namespace, name)
+        if not name:
             return
         key = f"{self.namespace}/{name}"
         if obj is None:
@@ -265,15 +274,22 @@ class Controller:
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        fields = pod_fields(obj)
         if kind == "DELETED":
-            Pod.objects.filter(namespace=meta.get("namespace", ""), name=meta["name"]).delete()
-        else:
-            apply_pod(obj)
+            Pod.objects.filter(namespace=namespace, name=meta["name"]).delete()
+        elif fields is not None:
+            apply_pod(obj, fields)
+        if fields is not None:  # a pod that uses no Akri resource holds no slot
+            self.holders.pod(namespace, meta["name"], None if kind == "DELETED" else fields)
         if self.queues is not None:
             self.queues.pod_event(kind, obj)
 
     def _pod_relist(self, items: list[dict[str, Any]]) -> None:
-        replace_all_pods(items)
+        wanted: dict[tuple[str, str], dict[str, Any]] = {}
+        collect_pods(wanted, items)
+        replace_pods(wanted)
+        self.holders.relist(wanted)
         if self.queues is not None:
             self.queues.pod_relist(items)
         close_old_connections()
@@ -289,6 +305,7 @@ class Controller:
         # Instances, nothing newer than the list's snapshot can be in it yet.
         wanted, self._listed_pods = self._listed_pods, {}
         replace_pods(wanted)
+        self.holders.relist(wanted)
         if self.queues is not None:
             self.queues.pod_relist_end()
         close_old_connections()
@@ -311,6 +328,14 @@ class Controller:
             names.add(obj["metadata"]["name"])
         Node.objects.exclude(name__in=names).update(deleted=True, ready=False)
 
+    def _holders_changed(self, instances: set[tuple[str, str]]) -> None:
+        """Slots of these Instances now name other pods: their charges and live cells."""
+        self.live.add([f"{ns}/{name}" for ns, name in sorted(instances)])
+        if self.queues is not None:
+            from agent.charges.facts import AKRI, claim_key
+
+            self.queues.debouncer.mark({claim_key(AKRI, ns, name) for ns, name in instances})
+
     def _queues_sync(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
         if kind == "instance" and self.queues is not None:
             self.queues.instance_changed(self.namespace, name, obj)
@@ -332,6 +357,11 @@ class Controller:
                 history.sample()
             if outcome.written:
                 publish()
+            if outcome.api_away:
+                # As the task would retry: the debouncer keeps the keys and tries them again.
+                from agent.retrying import ApiAway
+
+                raise ApiAway(outcome.api_away)
         else:
             tasks.recompute_charges.delay(keys=keys, trigger="event")
 

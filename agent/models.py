@@ -266,6 +266,9 @@ class Pod(models.Model):
     phase = models.CharField(max_length=32, blank=True)
     resources = models.JSONField(default=dict)
     deleting = models.BooleanField(default=False)
+    # The slots its node's agent says it holds (annotation akri-site.io/holds, see
+    # agent.kube.holders): {"<instance namespace>/<slot>": "<container>"}; None: not said.
+    holds = models.JSONField(null=True, blank=True, default=None)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

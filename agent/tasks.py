@@ -8,22 +8,15 @@ from __future__ import annotations
 
 from celery import shared_task
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 
 from agent import reconcile_cluster as cluster
 from agent import retention
 from agent.models import ReconcileRun
+from agent.retrying import RETRY
 
-# The database away (restarting, failing over): the task runs again later, backing off, until
-# it is back or the task's expiry passes (beat's runs expire after one interval).
-DATABASE_AWAY = (OperationalError, InterfaceError)
-RETRY = {
-    "autoretry_for": DATABASE_AWAY,
-    "retry_backoff": 1,
-    "retry_backoff_max": 30,
-    "retry_jitter": True,
-    "max_retries": 30,
-}
+# With RETRY, a task that meets the database away (restarting, failing over) or the API server
+# failing in passing runs again later, backing off, until it is back or the task's expiry
+# passes (beat's runs expire after one interval). Every task of the project takes it.
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, **RETRY)

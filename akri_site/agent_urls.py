@@ -1,3 +1,4 @@
-"""The node agent's URLs (``AKRI_AGENT_ONLY``): none, it serves no HTTP (see settings)."""
+"""The node agent's URLs (``AKRI_AGENT_ONLY``): none. It serves no pages (see settings); its
+``/metrics`` is prometheus_client's own small server (``agent.exporter``), not Django."""
 
 urlpatterns: list = []

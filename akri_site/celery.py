@@ -6,13 +6,18 @@ from collections.abc import Iterator
 
 from celery import Celery
 
-from akri_site import env
+from akri_site import celery_metrics, env
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "akri_site.settings")
 
 app = Celery("akri_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# The worker program serves /metrics with its pool children's series: set up now, before the
+# worker imports its tasks (akri_site.celery_metrics says why).
+if celery_metrics.worker_program():
+    celery_metrics.install()
 
 # The safety net behind the controller's node events: a pass every interval. A run that
 # waited longer than one interval in the queue is dropped (the next one is as good), and the

@@ -6,6 +6,7 @@ A secret may come from ``NAME_FILE`` (the file's content, stripped) instead of `
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 
@@ -79,6 +80,18 @@ def words(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def ip_address(name: str, default: str) -> str:
+    """An IP address to listen on (``0.0.0.0``, ``::``, ``127.0.0.1``); a host name is refused,
+    since what it resolves to could change between the check and the bind."""
+    value = raw(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not an IP address (e.g. 0.0.0.0 or ::)") from None
 
 
 def choice(name: str, default: str, options: tuple[str, ...]) -> str:

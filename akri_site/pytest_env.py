@@ -8,3 +8,6 @@ subprocesses with an environment of their own.
 import os
 
 os.environ.setdefault("AKRI_ENV", "development")
+# The agent, controller and worker started by tests serve /metrics only where a test asks
+# (METRICS_PORT), not on 8080 each, which many runs on one machine would fight over.
+os.environ.setdefault("METRICS_PORT", "0")

@@ -39,10 +39,11 @@ elif not SECRET_KEY:
 ALLOWED_HOSTS = env.words("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.words("CSRF_TRUSTED_ORIGINS", [])
 
-# The node agent (``runagent``, a DaemonSet on every node) serves no HTTP: without daphne it
-# does not load Twisted and friends, some 40 MB of every agent's memory; without the admin,
-# sessions, REST framework, Channels and the dashboard, and with no URLs to check, some 3 MB
-# more. Its database holds the cluster model only (its own migrations need these apps' none).
+# The node agent (``runagent``, a DaemonSet on every node) serves no pages (its /metrics is
+# prometheus_client's own server, agent.exporter): without daphne it does not load Twisted and
+# friends, some 40 MB of every agent's memory; without the admin, sessions, REST framework,
+# Channels and the dashboard, and with no URLs to check, some 3 MB more. Its database holds the
+# cluster model only (its own migrations need these apps' none).
 _WEB = not env.boolean("AKRI_AGENT_ONLY", False)
 _WEB_APPS = [
     "daphne",
@@ -260,6 +261,11 @@ DEFAULT_FROM_EMAIL = env.string("DEFAULT_FROM_EMAIL", "akri-site@localhost")
 FORWARDED_ALLOW_IPS = env.string("AKRI_FORWARDED_ALLOW_IPS", "127.0.0.1")
 # /metrics: open when empty; otherwise Prometheus sends "Authorization: Bearer <token>".
 METRICS_TOKEN = env.string("METRICS_TOKEN", "")
+# /metrics of the processes without a web server of their own (runagent, runcontroller, the
+# Celery worker: agent.exporter), on this port, 0 for none. 8080 and the name are Akri's
+# (its agent and controller read METRICS_PORT); the web serves /metrics on its own port.
+METRICS_PORT = env.integer("METRICS_PORT", 8080, minimum=0, maximum=65535)
+METRICS_ADDRESS = env.ip_address("AKRI_METRICS_ADDRESS", "0.0.0.0")
 
 # --- akri-site behaviour -------------------------------------------------------------------
 AKRI = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -67,3 +68,26 @@ def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
 def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
     spec = pod_spec(workload)
     return list(spec.get("initContainers") or []) + list(spec["containers"])
+
+
+_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def kubelet_env(
+    container: dict[str, Any], config: dict[str, str], fields: dict[str, str]
+) -> dict[str, str]:
+    """A container's environment as the kubelet builds it: ``envFrom`` ConfigMaps first (every
+    one is given ``config``; Secrets are left out), then ``env`` in order, each ``$(NAME)``
+    expanded from what is defined so far and ``fieldRef`` values taken from ``fields``."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        if "configMapRef" in source:
+            env.update(config)
+    for var in container.get("env") or []:
+        if "value" in var:
+            env[var["name"]] = _REFERENCE.sub(
+                lambda m: env.get(m.group(1), m.group(0)), var["value"]
+            )
+        elif "fieldRef" in var.get("valueFrom", {}):
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env

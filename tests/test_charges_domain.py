@@ -130,6 +130,31 @@ def test_a_first_bind_decides_and_asks_for_the_label():
     assert (charge.owner, charge.source, charge.write_label) == ("a", FIRST_BIND, "a")
 
 
+def test_a_pod_with_no_queue_label_never_gets_the_default_queue_written_as_owner():
+    # Issue 28: a broker pod with no queue label made the worker label the Instance "default",
+    # a queue no queue system defined, for ever (the label is immutable).
+    broker = pod("broker")
+    for world in (QueueWorld(), QueueWorld(kai_queues=frozenset({"a"}))):
+        charge = decide(claim([broker]), world, Settings())
+        assert (charge.owner, charge.source, charge.write_label) == ("default", FIRST_BIND, None)
+        assert "which no queue system defines: label not written" in charge.why
+
+
+def test_the_default_queue_is_written_once_a_queue_system_defines_it():
+    world = QueueWorld(volcano_queues=frozenset({"default", "v"}))
+    charge = decide(claim([pod("broker")]), world, Settings())
+    assert charge.write_label == "default"
+
+
+def test_a_queue_the_installed_systems_do_not_define_is_never_written():
+    # KAI is not installed (its label is taken at its word), Volcano is and has no queue "a".
+    world = QueueWorld(volcano_queues=frozenset({"v"}))
+    charge = decide(claim([A]), world, Settings())
+    assert (charge.owner, charge.write_label) == ("a", None)
+    defined = decide(claim([A]), QueueWorld(volcano_queues=frozenset({"a"})), Settings())
+    assert defined.write_label == "a"
+
+
 def test_an_orphan_is_deducted_or_attributed_to_the_earliest_pod():
     deducted = decide(claim([A, B]), QueueWorld(), Settings(orphans="deduct"))
     assert (deducted.owner, deducted.source, deducted.charged, deducted.uncharged) == (

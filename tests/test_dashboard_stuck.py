@@ -10,7 +10,7 @@ from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
-from agent.models import Slot, SlotEvent, SlotPodBinding
+from agent.models import Pod, Slot, SlotEvent, SlotPodBinding
 from akri_site.dashboard.sample import make_cluster
 from tests import test_dashboard_views
 
@@ -147,3 +147,15 @@ def test_an_unknown_stuck_kind_is_a_400(login, cluster):
 
     assert response.status_code == 400
     assert "wedged is not one of the available choices" in response.content.decode()
+
+
+def test_a_node_whose_agent_says_on_its_pods_what_they_hold_is_tracked(login, cluster):
+    # node-a's agent keeps its map in a database of its own but publishes it on its pods
+    # (akri-site.io/holds): the controller fills Slot.pod_* from that.
+    Pod.objects.create(
+        namespace="apps", name="said-0", uid="u0", node_name="node-a", holds={}, resources={}
+    )
+
+    page = login("viewer").get("/").content.decode()
+
+    assert '<a href="/slots/?state=no-pod">5 pod not known past the grace period</a>' in page

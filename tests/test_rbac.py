@@ -27,6 +27,7 @@ import pytest
 from kubernetes import client
 
 from agent.bench.claims import instance_body
+from agent.domain.holdings import HOLDS
 from agent.kube.client import AkriApi
 from agent.models import Slot, SlotPodBinding
 from tests.deploykit import NAMESPACE, render
@@ -275,6 +276,11 @@ def _agent_lifecycle(kube, rec, monkeypatch, body, work) -> None:
                 node="node-a", slot=slot, pod_name="broker"
             ).exists(),
             message="the slot bound to its pod",
+        )
+        # ...and said on the pod (a patch in the workload's namespace).
+        cluster.wait_for(
+            lambda: HOLDS in (core.read_namespaced_pod("broker", work).metadata.annotations or {}),
+            message="the pod told which slot it holds",
         )
         core.delete_namespaced_pod("broker", work, grace_period_seconds=0)
         kubelet.remove_pod(work, "broker")

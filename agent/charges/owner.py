@@ -6,7 +6,10 @@ Rules, applied to Akri Instances and DRA ResourceClaims alike:
   configured otherwise). The label is immutable once set (the admission webhook holds that).
 * Without the label, when every pod using the claim is of one queue, that queue is the owner
   (it holds the first bind) and the label is to be written, create-only, so that every replica
-  and every restart agrees from then on.
+  and every restart agrees from then on. Only a queue that exists gets the label, since it can
+  never be taken back: one an installed queue system defines, or, with no queue system
+  installed, one a pod's own queue label names. The default queue (``AKRI_QUEUE_DEFAULT``) is
+  a setting, not a queue: a pod placed there by default leaves the claim unlabelled.
 * Without the label and used by pods of several queues (bound before anyone labelled it: a
   migration, another scheduler, two first binds that landed between two looks) the claim is an
   orphan. Policy ``deduct``: nobody is charged, the devices are deducted from the cluster's
@@ -43,6 +46,7 @@ class UserView:
     uid: str
     queue: str | None
     why: str
+    source: str = ""  # the resolver that placed the pod ("default": no queue label of its own)
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,20 @@ def decide(claim: ClaimFacts, world: QueueWorld, settings: Settings) -> ClaimCha
             # A user we cannot place may have bound first: decide now, write once it is known.
             why = f"first bound by queue {queue} as far as known; label not written yet"
             return base.result(queue, FIRST_BIND, why)
+        if not _exists(queue, views, world):
+            why = f"first bound by queue {queue}, which no queue system defines: label not written"
+            return base.result(queue, FIRST_BIND, why)
         return base.result(queue, FIRST_BIND, f"first bound by queue {queue}", write=queue)
     return _orphan(base, claim, views, settings)
+
+
+def _exists(queue: str, users: tuple[UserView, ...], world: QueueWorld) -> bool:
+    """May ``queue`` be written as an owner label (which is immutable)?"""
+    known = world.known_queues()
+    if known is not None:
+        return queue in known
+    # No queue system to ask: a pod's own queue label is taken at its word.
+    return any(u.queue == queue and u.source != "default" for u in users)
 
 
 @dataclass(frozen=True)
@@ -157,7 +173,7 @@ class _Base:
 def _user(pod, world: QueueWorld, settings: Settings) -> tuple[UserView, tuple[str, ...]]:
     found: Resolution = resolve(pod, world, settings.resolvers)
     problems = tuple(f"pod {pod.key}: {p}" for p in found.problems)
-    return UserView(pod.key, pod.uid, found.queue, found.why), problems
+    return UserView(pod.key, pod.uid, found.queue, found.why, found.source), problems
 
 
 def _labelled(base: _Base, owner: str, world: QueueWorld) -> ClaimCharge:

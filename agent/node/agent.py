@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from django.db import connections
 from kubernetes import client
 
+from agent import metrics
 from agent.discovery.base import DiscoveredDevice, DiscoveryHandler, HandlerRegistry
 from agent.discovery.debugecho import DEFAULT_AVAILABILITY_PATH, DebugEchoHandler
 from agent.discovery.external import ReconnectPolicy, RegistrationServer
@@ -757,7 +758,11 @@ class NodeAgent:
         """Kubelet restarts: a new kubelet.sock inode, or our own socket gone. Both mean
         re-serve and re-register (kubelet-apis.md §1.6)."""
         last = socket_inode(self.kubelet_socket)
+        # The loop serves every plugin: a stamp each round shows it turning (the alert
+        # AkriAgentHeartbeatMissing watches for a stale stamp, deploy/extras/prometheus).
+        heartbeat = metrics.AGENT_HEARTBEAT.labels(self.node_name)
         while True:
+            heartbeat.set_to_current_time()
             await asyncio.sleep(self.restart_poll)
             try:
                 last = await self._check_kubelet(last)

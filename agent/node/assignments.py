@@ -8,6 +8,12 @@ resource. Its slots are then used, and the agent records that it took them
 (``akri.sh/assignment-consumed``, a JSON patch whose ``test`` op makes two takers of the same
 slots impossible).
 
+The kubelet admits pods in its own order, so the oldest assignment is not always the pod's
+own: in a burst, an Allocate may take another waiting pod's slots. Nothing is overbooked (the
+claims are conditional writes), but the records name the wrong pods until the reconciler,
+once PodResources has named the pod of each allocation, rewrites them as admitted
+(``agent.node.holdings``); ``in_flight`` tells it which resources to leave alone meanwhile.
+
 Whenever the pod cannot be identified (no extender, an API error, an assignment that no longer
 fits: a slot taken meanwhile, an Instance gone), the plugins plan as they always did: an
 assignment is a hint that makes the scheduler's choice and the agent's agree, never a
@@ -19,6 +25,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +49,12 @@ log = logging.getLogger(__name__)
 
 TIMEOUT = 5.0
 ATTEMPTS = 3
+# After an assignment is taken, its Allocate claims and binds within a claim's write (the API
+# server answers within TIMEOUT-ish); until then a mark on a waiting pod may be that pod's own
+# Allocate in flight, and the records of the resource are not rewritten. Should an Allocate
+# take longer, the rewrite only unmarks a pod whose slots are being claimed: the extender
+# then counts them held once, and an Allocate that takes them again finds them not free.
+TAKE_SETTLE_SECONDS = 5.0
 
 
 def _pointer(key: str) -> str:
@@ -73,6 +87,15 @@ class Assignments:
     def __init__(self, api_client: client.ApiClient, node: str) -> None:
         self.core = CoreApi(api_client)
         self.node = node
+        self._taken_at: dict[str, float] = {}  # resource -> monotonic time of the last take
+        self._lock = threading.Lock()
+
+    def in_flight(self, resource: str) -> bool:
+        """Whether an assignment of ``resource`` was taken too recently for its Allocate to
+        be bound to a pod yet (see TAKE_SETTLE_SECONDS)."""
+        with self._lock:
+            at = self._taken_at.get(resource)
+        return at is not None and time.monotonic() - at < TAKE_SETTLE_SECONDS
 
     def peek(self, resource: str, count: int) -> tuple[str, ...]:
         """The slots the oldest candidate pod was assigned for ``resource`` (nothing taken)."""
@@ -87,6 +110,8 @@ class Assignments:
                 candidates = self._candidates(resource, count)
                 if not candidates:
                     return None
+                with self._lock:
+                    self._taken_at[resource] = time.monotonic()
                 taken = self._consume(candidates[0], resource, count)
             except client.ApiException as exc:
                 if exc.status in (409, 422):
@@ -215,6 +240,9 @@ class NoAssignments:
     """The default when assignments are off: nothing is ever found."""
 
     enabled = False
+
+    def in_flight(self, resource: str) -> bool:
+        return False
 
     def peek(self, resource: str, count: int) -> tuple[str, ...]:
         return ()

@@ -83,6 +83,7 @@ from agent.kube.client import AkriApi, CoreApi
 from agent.kube.foreground import FOREGROUND
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Instance, ReconcileRun, Slot, SlotEvent, SlotPodBinding
+from agent.node.holdings import Publisher, notes_of
 from agent.node.podresources import (
     RESOURCE_PREFIX,
     DeviceUse,
@@ -111,6 +112,15 @@ WRITE_BATCH = 32
 WRITE_RETRY_FIRST = 0.05
 TARGET_RETRY_SECONDS = 1.0
 WRITE_RETRY_MAX = 5.0
+# Pod annotations (agent.node.holdings) are written this long after the change that calls
+# for them, so that a burst of admissions is one pass; a pass that could not write them all
+# is tried again after a delay that doubles up to the maximum.
+PUBLISH_DELAY = 0.02
+PUBLISH_RETRY_FIRST = 0.2
+PUBLISH_RETRY_MAX = 5.0
+# A pass that left assignment records alone while an Allocate was in flight looks again after
+# this long (the learn pass that names the pod asks for one itself).
+PUBLISH_DEFER = 0.5
 
 
 # --- facts and the rule ---------------------------------------------------------------------
@@ -129,6 +139,11 @@ class PodInfo:
     uid: str
     phase: str = ""
     deleting: bool = False
+    # What the holdings publisher (agent.node.holdings) reads and tests its writes against.
+    resource_version: str = ""
+    created: str = ""
+    annotated: bool = False
+    notes: tuple[tuple[str, str], ...] = ()
 
     @property
     def terminated(self) -> bool:
@@ -137,12 +152,17 @@ class PodInfo:
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> PodInfo:
         meta = obj.get("metadata") or {}
+        annotated, notes = notes_of(meta)
         return cls(
             namespace=meta.get("namespace", ""),
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
             phase=(obj.get("status") or {}).get("phase") or "",
             deleting=bool(meta.get("deletionTimestamp")),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            created=str(meta.get("creationTimestamp") or ""),
+            annotated=annotated,
+            notes=notes,
         )
 
 
@@ -305,6 +325,21 @@ class PodIndex:
         with self._lock:
             return self._pods.get((namespace, name))
 
+    def all(self) -> list[PodInfo]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def refresh(self, obj: dict[str, Any]) -> None:
+        """Our own write's answer, ahead of the watch: kept unless the index already has that
+        pod at a newer version (or a newer pod of that name)."""
+        info = PodInfo.from_object(obj)
+        with self._lock:
+            current = self._pods.get((info.namespace, info.name))
+            if current is None or current.uid != info.uid or current.terminated:
+                return
+            if cache.is_newer(info.resource_version, current.resource_version):
+                self._pods[(info.namespace, info.name)] = info
+
     def gone_at(self, namespace: str, name: str, uid: str) -> float | None:
         with self._lock:
             return self._gone.get((namespace, name, uid))
@@ -433,6 +468,7 @@ class NodeReconciler:
         watch_pods: bool = True,
         read_pods: bool = True,
         sync: CacheSync | None = None,
+        assignments: Any = None,
     ) -> None:
         """``pod_resources`` has ``list() -> list[DeviceUse]`` (a ``PodResourcesClient``).
         ``claims`` defaults to a claim store on ``api_client``. ``workers=0`` runs every
@@ -440,7 +476,10 @@ class NodeReconciler:
         without it, feed ``on_pod_event``/``on_pod_relist`` yourself. ``read_pods`` lets the
         reconciler GET a pod the watch has not shown (else the index is taken as complete).
         With ``sync``, Instance changes that take a live pod's slot away trigger a targeted
-        pass at once instead of at the next sweep."""
+        pass at once instead of at the next sweep. ``assignments`` (the agent's, when it
+        honours the scheduler extender's) says which resources have an Allocate in flight;
+        with an ``api_client`` the reconciler publishes what each pod holds on the pod
+        (``agent.node.holdings``)."""
         conf = settings.AKRI
         self.node = node
         self.namespace = namespace
@@ -460,6 +499,12 @@ class NodeReconciler:
         self.read_pods = read_pods and api_client is not None
         self.pods = PodIndex()
         self._core = CoreApi(api_client) if api_client is not None else None
+        self.publisher: Publisher | None = None
+        if self._core is not None:
+            in_flight = getattr(assignments, "in_flight", None) or (lambda resource: False)
+            self.publisher = Publisher(self._core, node, namespace, in_flight=in_flight)
+        self._publish_due: float | None = None
+        self._publish_retry = PUBLISH_RETRY_FIRST
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._bindings: dict[str, Binding] = {}
@@ -561,7 +606,9 @@ class NodeReconciler:
                     # beat prunes the shared one.
                     pruned = self._guarded(self.prune_runs)
                     next_prune = now + (PRUNE_INTERVAL if pruned else PRUNE_RETRY)
-                due = [next_sweep] + ([self._learn_due] if self._learn_due is not None else [])
+                due = [next_sweep] + [
+                    d for d in (self._learn_due, self._publish_due) if d is not None
+                ]
                 self._wake.wait(max(0.0, min(due) - now))
                 self._wake.clear()
                 if self._stopping.is_set():
@@ -577,6 +624,9 @@ class NodeReconciler:
                 learn_due = self._learn_due is not None and time.monotonic() >= self._learn_due
                 if learn_due and not self._guarded(self.learn):
                     self._schedule_learn()  # a failed learn pass is tried again, later
+                publish_due = self._publish_due
+                if publish_due is not None and time.monotonic() >= publish_due:
+                    self._run_publish()
         finally:
             connections.close_all()
 
@@ -648,7 +698,11 @@ class NodeReconciler:
     # --- pod events ---------------------------------------------------------------------------
     def on_pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         """A watch event for a pod on this node."""
+        meta = obj.get("metadata") or {}
+        before = self.pods.get(meta.get("namespace", ""), meta.get("name", ""))
         info = self.pods.apply(kind, obj)  # tombstones carry the time seen (latency metric)
+        if kind != "DELETED" and not info.terminated and self._to_publish(before, info):
+            self._publish_soon()
         if kind == "DELETED" or info.terminated:
             with self._gone_guard:
                 self._gone.append(info)
@@ -681,6 +735,7 @@ class NodeReconciler:
         nobody watched) or terminated are gone; their slots go in one run."""
         first = not self.pods.synced
         self.pods.replace(objects)
+        self._publish_soon()
         trigger = ReconcileRun.Trigger.STARTUP if first else ReconcileRun.Trigger.EVENT
         gone = {
             (b.pod_namespace, b.pod_name, b.pod_uid)
@@ -1268,19 +1323,37 @@ class NodeReconciler:
         with self._bindings_guard:
             return self._bindings.get(slot)
 
+    def _to_publish(self, before: PodInfo | None, after: PodInfo) -> bool:
+        """A pod new to the index, or whose annotations the publisher reads changed, that
+        carries some of them or that a binding names (most pods have nothing to be told)."""
+        if before is not None and (before.uid, before.notes) == (after.uid, after.notes):
+            return False
+        if after.notes:
+            return True
+        with self._bindings_guard:
+            return any(
+                (b.pod_namespace, b.pod_name) == (after.namespace, after.name)
+                for b in self._bindings.values()
+            )
+
     def _has_unnamed(self) -> bool:
         with self._bindings_guard:
             return any(not b.pod_known for b in self._bindings.values())
 
     def _save_binding(self, binding: Binding) -> None:
         with self._bindings_guard:
+            before = self._bindings.get(binding.slot)
             self._bindings[binding.slot] = binding
         self._persist(self._write_binding, binding)
+        if binding.pod_known or (before is not None and before.pod_known):
+            self._publish_soon()
 
     def _forget(self, slot: str) -> None:
         with self._bindings_guard:
-            self._bindings.pop(slot, None)
+            before = self._bindings.pop(slot, None)
         self._persist(self._delete_binding, slot)
+        if before is not None and before.pod_known:
+            self._publish_soon()
 
     def _write_binding(self, binding: Binding) -> None:
         fields = {
@@ -1426,6 +1499,60 @@ class NodeReconciler:
                 self._learn_due = due
         self._wake.set()
 
+    def _publish_soon(self, delay: float = PUBLISH_DELAY) -> None:
+        """A publish pass (``publish``) soon: the books or a pod's annotations changed."""
+        if self.publisher is None:
+            return
+        with self._targets_guard:
+            due = time.monotonic() + delay
+            if self._publish_due is None or due < self._publish_due:
+                self._publish_due = due
+        self._wake.set()
+
+    def _run_publish(self) -> None:
+        """One publish pass from the loop; one that could not write everything is tried
+        again later, backing off (a pod changed meanwhile, the API server away)."""
+        with self._targets_guard:
+            self._publish_due = None
+        outcome: list[bool] = []
+
+        def publish() -> None:
+            outcome.append(self.publish())
+
+        self._guarded(publish)
+        if outcome and outcome[0]:
+            self._publish_retry = PUBLISH_RETRY_FIRST
+            if self.publisher is not None and self.publisher.deferred:
+                self._publish_soon(PUBLISH_DEFER)
+            return
+        delay = self._publish_retry
+        self._publish_retry = min(delay * 2, PUBLISH_RETRY_MAX)
+        self._publish_soon(delay)
+
+    def publish(self) -> bool:
+        """Write on this node's pods what each holds (and the extender's assignments as
+        admitted), from the bindings; True when every write needed went through."""
+        if self.publisher is None:
+            return True
+        ok = True
+        for change in self.publisher.plan(self.pods.all(), self.bindings()):
+            try:
+                written = self.publisher.write(change)
+            except (ApiException, HTTPError, OSError) as exc:
+                status = getattr(exc, "status", None)
+                log.info(
+                    "%s: annotating pod %s/%s failed (%s); trying again",
+                    self.node,
+                    change.namespace,
+                    change.name,
+                    status or exc,
+                )
+                ok = False
+                continue
+            if written is not None:
+                self.pods.refresh(written)
+        return ok
+
     def on_instance_changed(self, kind: str, name: str, obj: dict[str, Any] | None) -> None:
         """Cache-sync subscriber: a slot bound to a live pod here that deviceUsage no longer
         shows as ours gets a targeted pass (restore, or a conflict) without waiting a sweep."""
@@ -1458,4 +1585,5 @@ def reconciler_for(agent: Any) -> NodeReconciler:
         claims=agent.claims,
         api_client=agent.api_client,
         sync=agent.sync,
+        assignments=agent.assignments,
     )

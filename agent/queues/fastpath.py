@@ -23,6 +23,7 @@ API server always calls over TLS).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
@@ -30,12 +31,13 @@ import threading
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from agent.charges.admission import Verdict
 from agent.queues import index, webhook
 from agent.queues.models import Refusal
 from agent.queues.review import Request
+from agent.retrying import DATABASE_AWAY, Backoff
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +46,24 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class RefusalWriter:
-    """Refusal rows written in batches by one background thread, off the review's path."""
+    """Refusal rows written in batches by one background thread, off the review's path.
+
+    A batch the database cannot take now (away, restarting, out of connections) is tried again,
+    backing off, until it goes in; refusals made meanwhile wait in the queue. A batch it
+    refuses for good (a constraint) is logged and dropped: it would hold up every one behind it.
+    """
 
     LIMIT = 10_000  # rows waiting; beyond it refusals are only logged
+    RETRY_FIRST = 0.2  # seconds before a failed batch is tried again, doubling...
+    RETRY_MAX = 30.0  # ...up to this
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Refusal] = queue.Queue(self.LIMIT)
+        self._queue: queue.Queue[Refusal | None] = queue.Queue(self.LIMIT)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self.dropped = 0
+        self.failures = 0  # batches the database could not take at the first try
 
     def __call__(self, review: Request, verdict: Verdict) -> None:
         try:
@@ -68,6 +79,8 @@ class RefusalWriter:
 
     def _ensure_thread(self) -> None:
         with self._lock:
+            if self._stopping.is_set():
+                return
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="webhook-refusals", daemon=True
@@ -75,25 +88,60 @@ class RefusalWriter:
                 self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            rows = [self._queue.get()]
-            while len(rows) < 500:
+        backoff = Backoff(self.RETRY_FIRST, self.RETRY_MAX)
+        while not self._stopping.is_set():
+            taken = [self._queue.get()]
+            while len(taken) < 500:
                 try:
-                    rows.append(self._queue.get_nowait())
+                    taken.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            rows = [row for row in taken if row is not None]  # None: stop() waking us
+            try:
+                if rows:
+                    self._write(rows, backoff)
+            finally:
+                for _ in taken:
+                    self._queue.task_done()
+        connections.close_all()
+
+    def _write(self, rows: list[Refusal], backoff: Backoff) -> None:
+        while True:
             try:
                 close_old_connections()
-                Refusal.objects.bulk_create(rows)
+                Refusal.objects.bulk_create(rows)  # one transaction: all rows or none
+                backoff.succeeded()
+                return
+            except DATABASE_AWAY as exc:
+                self.failures += 1
+                connections.close_all()  # a connection the error broke must not be reused
+                delay = backoff.failed()
+                log.warning(
+                    "webhook: %d refusals not recorded yet (%s); again in %.1f s",
+                    len(rows),
+                    exc,
+                    delay,
+                )
+                if self._stopping.wait(delay):
+                    log.warning("webhook: %d refusals not recorded (stopping)", len(rows))
+                    return
             except DatabaseError:
                 log.exception("webhook: %d refusals not recorded", len(rows))
-            finally:
-                for _ in rows:
-                    self._queue.task_done()
+                return
 
     def flush(self) -> None:
         """Wait until every refusal handed over is written (tests, shutdown)."""
         self._queue.join()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the writer thread (tests); a batch still failing is given up, and logged."""
+        self._stopping.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
 
 REFUSALS = RefusalWriter()

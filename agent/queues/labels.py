@@ -2,7 +2,8 @@
 
 A write that loses (422: the labels map or the resourceVersion changed) re-reads the object
 and adopts the label there, so every replica and every restart ends on the one label the API
-server holds.
+server holds. A passing failure (no answer, 429, 5xx) raises ``ApiAway`` for the caller to try
+again later; other refusals are reported and left to the next recompute.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
 from agent.charges.admission import owner_label_patch
 from agent.charges.facts import DRA, ClaimFacts, QueueWorld, Settings
@@ -22,6 +24,7 @@ from agent.queues.models import (
     InstanceLabels,
     ResourceClaim,
 )
+from agent.retrying import ApiAway, api_away
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,12 @@ def write_label(
                     raise
                 current, what = target.read(), "adopted"  # lost the race: adopt the winner's
     except ApiException as exc:
+        if api_away(exc):
+            raise ApiAway(f"{claim.key}: {exc.status} {exc.reason}") from exc
         log.warning("queues: owner label of %s not written (%s)", claim.key, exc.status)
         return charge, f"{claim.key}: {exc.status} {exc.reason}"
+    except (HTTPError, OSError) as exc:
+        raise ApiAway(f"{claim.key}: {exc}") from exc
     labels = (current.get("metadata") or {}).get("labels") or {}
     target.remember(labels)
     fresh = ClaimFacts(**{**claim.__dict__, "labels": labels})

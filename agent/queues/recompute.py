@@ -4,6 +4,10 @@
 rules of ``agent.charges`` over the facts ``agent.queues.facts`` gathers, writes the owner
 label of a first bind (``agent.queues.labels``) when given an API client, and writes the
 changed ``Charge`` rows. The history is ``agent.queues.history``.
+
+When the API server fails in passing, the labels not written yet wait (each would wait out the
+same timeout) and the rows are stored anyway; ``Outcome.api_away`` says so, and the caller
+tries again later (the Celery task retries, the controller's debouncer keeps the keys).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from agent.queues.labels import write_label
 from agent.queues.models import (
     Charge,
 )
+from agent.retrying import ApiAway
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,8 @@ class Outcome:
     labels_written: int = 0
     labels_adopted: int = 0
     label_errors: list[str] = field(default_factory=list)
+    # Why labels were left for a retry (the API server failing in passing); "" when none was.
+    api_away: str = ""
 
 
 def recompute(
@@ -144,10 +151,15 @@ def recompute(
     if api_client is not None:
         by_key = {c.key: c for c in claims}
         for key, charge in list(decided.items()):
-            if charge.write_label:
-                decided[key], what = write_label(
-                    api_client, by_key[key], charge, the_world, the_rules
-                )
+            if charge.write_label and not outcome.api_away:
+                try:
+                    decided[key], what = write_label(
+                        api_client, by_key[key], charge, the_world, the_rules
+                    )
+                except ApiAway as exc:
+                    outcome.api_away = str(exc)
+                    outcome.label_errors.append(str(exc))
+                    continue
                 if what == "written":
                     outcome.labels_written += 1
                 elif what == "adopted":

@@ -13,13 +13,16 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
+from rest_framework.request import Request
 
 from agent.charges.facts import AKRI, DRA
 from agent.queues import evict, queries
 from agent.queues.forms import EvictForm, QueueRangeForm
-from akri_site.dashboard.access import can_view, role_of, viewer_required
+from akri_site.dashboard.access import role_of, viewer_required
+from akri_site.dashboard.apiauth import ApiView
 
 KINDS = (AKRI, DRA)
 
@@ -125,63 +128,55 @@ def evict_foreign(request: HttpRequest, kind: str, namespace: str, name: str) ->
 
 
 # --- JSON API ----------------------------------------------------------------------------
-def _api_access(request: HttpRequest) -> JsonResponse | None:
-    if not can_view(request.user):
-        return JsonResponse({"detail": "You need the viewer, operator or admin role."}, status=403)
-    return None
+# The same sign-in and role as every endpoint under /api/ (a token or the session; 401 without
+# credentials or with a bad token, 403 without a role): see ``akri_site.dashboard.apiauth``.
+@method_decorator(never_cache, name="dispatch")
+class QueuesApi(ApiView):
+    def get(self, request: Request) -> JsonResponse:
+        data = queries.overview()
+        data["refusals"] = [
+            {
+                "at": r.at.isoformat(),
+                "pod": f"{r.namespace}/{r.name}",
+                "queue": r.queue,
+                "claim": r.claim,
+                "owner": r.owner,
+                "rule": r.rule,
+                "message": r.message,
+            }
+            for r in data["refusals"]
+        ]
+        return JsonResponse(data)
 
 
-@require_GET
-@never_cache
-def api_queues(request: HttpRequest) -> JsonResponse:
-    refused = _api_access(request)
-    if refused:
-        return refused
-    data = queries.overview()
-    data["refusals"] = [
-        {
-            "at": r.at.isoformat(),
-            "pod": f"{r.namespace}/{r.name}",
-            "queue": r.queue,
-            "claim": r.claim,
-            "owner": r.owner,
-            "rule": r.rule,
-            "message": r.message,
-        }
-        for r in data["refusals"]
-    ]
-    return JsonResponse(data)
-
-
-@require_GET
-@never_cache
-def api_charges(request: HttpRequest) -> JsonResponse:
-    refused = _api_access(request)
-    if refused:
-        return refused
-    source = request.GET.get("source", "")
-    if source and source not in queries.SOURCES:
-        known = ", ".join(sorted(queries.SOURCES))
-        return JsonResponse(
-            {"detail": f"unknown source {source!r}: use one of {known}"}, status=400
+@method_decorator(never_cache, name="dispatch")
+class ChargesApi(ApiView):
+    def get(self, request: Request) -> JsonResponse:
+        source = request.GET.get("source", "")
+        if source and source not in queries.SOURCES:
+            known = ", ".join(sorted(queries.SOURCES))
+            return JsonResponse(
+                {"detail": f"unknown source {source!r}: use one of {known}"}, status=400
+            )
+        rows = queries.charges(
+            queue=request.GET.get("queue", ""),
+            source=source,
+            problems=request.GET.get("problems") == "1",
         )
-    rows = queries.charges(
-        queue=request.GET.get("queue", ""),
-        source=source,
-        problems=request.GET.get("problems") == "1",
-    )
-    return JsonResponse({"count": len(rows), "results": rows})
+        return JsonResponse({"count": len(rows), "results": rows})
 
 
-@require_GET
-@never_cache
-def api_history(request: HttpRequest) -> JsonResponse:
-    refused = _api_access(request)
-    if refused:
-        return refused
-    form, window = _range(request)
-    if not window:
-        return JsonResponse({"detail": _errors(form)}, status=400)
-    return JsonResponse(
-        queries.history(window["start"], window["end"], request.GET.get("queue", ""))
-    )
+@method_decorator(never_cache, name="dispatch")
+class HistoryApi(ApiView):
+    def get(self, request: Request) -> JsonResponse:
+        form, window = _range(request)
+        if not window:
+            return JsonResponse({"detail": _errors(form)}, status=400)
+        return JsonResponse(
+            queries.history(window["start"], window["end"], request.GET.get("queue", ""))
+        )
+
+
+api_queues = QueuesApi.as_view()
+api_charges = ChargesApi.as_view()
+api_history = HistoryApi.as_view()

@@ -5,6 +5,11 @@ Started by the controller next to its own watches. Kinds whose API group or CRD 
 ``CRD_RECHECK_SECONDS``; a kind that disappears (404 on its list) drops its rows and goes back
 to being probed. Every applied change marks the claims whose charge it may move, and the
 ``Debouncer`` hands them to the recompute once per window, so a burst of binds costs one pass.
+
+Both threads outlive an outage of the database or the API server (``agent.retrying.Backoff``):
+the probe thread tries a failed pass again, backing off, rather than dying (a CRD installed
+later would never be watched); the debouncer keeps the keys of a recompute that failed to start
+and tries them again, so an update is never dropped.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -28,10 +33,15 @@ from agent.kube.watch import ResourceWatcher
 from agent.queues import cache
 from agent.queues.kinds import ALL_KINDS, DEVICE_CLASSES, RESOURCE_CLAIMS, Watched
 from agent.queues.models import QueueSystem
+from agent.retrying import Backoff, api_away
 
 log = logging.getLogger(__name__)
 OWNER = "queues"
 Keys = set[str] | None
+# A recompute that could not start is tried again after this, doubling up to the cap.
+RETRY_MAX_SECONDS = 30.0
+# A probe pass that failed is tried again after this, doubling up to CRD_RECHECK_SECONDS.
+PROBE_RETRY_SECONDS = 0.5
 
 
 class Debouncer:
@@ -40,10 +50,18 @@ class Debouncer:
     A full recompute reads every claim and pod: a burst of relists at start-up asks for one
     per watched kind. At most one runs per ``full_every`` seconds; one asked for sooner waits
     on a timer of its own, while marked keys keep their short window.
+
+    Keys stay pending until ``fire`` has returned. When it raises (the database away, the API
+    server failing, no broker to take the task) they are put back with whatever was marked
+    meanwhile and fired again after ``retry`` (a backoff); marks made during it wait for it.
     """
 
     def __init__(
-        self, fire: Callable[[list[str] | None], None], seconds: float, full_every: float = 0.0
+        self,
+        fire: Callable[[list[str] | None], None],
+        seconds: float,
+        full_every: float = 0.0,
+        retry: Backoff | None = None,
     ) -> None:
         self.fire, self.seconds, self.full_every = fire, seconds, full_every
         self._lock = threading.Lock()
@@ -52,16 +70,21 @@ class Debouncer:
         self._timer: threading.Timer | None = None
         self._full_timer: threading.Timer | None = None
         self._last_full = float("-inf")
+        self._retry = retry or Backoff(first=max(seconds, 0.05), cap=RETRY_MAX_SECONDS)
+        self._retry_at = float("-inf")  # after a failure, no fire before this (monotonic)
+        self._timers: list[threading.Timer] = []  # every timer started, for stop() to join
+        self._stopped = False
+        self.failures = 0  # fires that raised
 
     def mark(self, keys: Keys) -> None:
         with self._lock:
+            if self._stopped:
+                return
             if keys is None:
                 wait = self._last_full + self.full_every - time.monotonic()
                 if wait > 0:
                     if self._full_timer is None:
-                        self._full_timer = threading.Timer(wait, self._full_due)
-                        self._full_timer.daemon = True
-                        self._full_timer.start()
+                        self._full_timer = self._start_timer(wait, self._full_due)
                     return
                 self._full = True
             else:
@@ -76,10 +99,17 @@ class Debouncer:
 
     def _arm(self) -> None:
         """Under the lock."""
-        if self._timer is None and (self._full or self._keys):
-            self._timer = threading.Timer(self.seconds, closing_connections(self._flush))
-            self._timer.daemon = True
-            self._timer.start()
+        if self._timer is None and (self._full or self._keys) and not self._stopped:
+            wait = max(self.seconds, self._retry_at - time.monotonic())
+            self._timer = self._start_timer(wait, closing_connections(self._flush))
+
+    def _start_timer(self, wait: float, target: Callable[[], None]) -> threading.Timer:
+        """Under the lock."""
+        timer = threading.Timer(wait, target)
+        timer.daemon = True
+        self._timers = [t for t in self._timers if t.is_alive()] + [timer]
+        timer.start()
+        return timer
 
     def flush(self) -> None:
         """Fire now whatever is pending (tests, shutdown)."""
@@ -92,19 +122,77 @@ class Debouncer:
                 timer.cancel()
         self._flush()
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """Fire what is pending one last time, then stop: no timer is left running. What that
+        last try could not do is left to the next full recompute (beat's every
+        ``AKRI_QUEUE_RECOMPUTE_SECONDS``, or the next controller's relists)."""
+        with self._lock:
+            self._stopped = True
+        self.flush()
+        with self._lock:
+            timers, self._timers = self._timers, []
+            self._timer = self._full_timer = None
+        for timer in timers:
+            timer.cancel()
+        for timer in timers:
+            if timer is not threading.current_thread():
+                timer.join(timeout)
+
     def _flush(self) -> None:
         with self._lock:
             keys = None if self._full else sorted(self._keys)
             if self._full:
                 self._last_full = time.monotonic()
             self._keys, self._full, self._timer = set(), False, None
-        if keys is None or keys:
-            try:
-                self.fire(keys)
-            except Exception:
-                log.exception("queue charges: recompute could not be started")
-            finally:
-                close_old_connections()
+        if keys is not None and not keys:
+            return
+        try:
+            self.fire(keys)
+        except Exception as exc:
+            self._put_back(keys, exc)
+        else:
+            with self._lock:
+                self._retry.succeeded()
+                self._retry_at = float("-inf")
+        finally:
+            close_old_connections()
+
+    def _put_back(self, keys: list[str] | None, exc: Exception) -> None:
+        """``fire(keys)`` raised: the keys are pending again, to be fired after the backoff."""
+        with self._lock:
+            if keys is None:
+                self._full = True
+            else:
+                self._keys.update(keys)
+            self.failures += 1
+            delay = self._retry.failed()
+            self._retry_at = time.monotonic() + delay
+            if self._timer is not None:
+                # Armed by a mark while fire ran: the retry waits out the backoff instead.
+                self._timer.cancel()
+                self._timer = None
+            self._arm()
+            stopped = self._stopped
+        what = "every claim" if keys is None else f"{len(keys)} claim(s)"
+        passing = isinstance(exc, DatabaseError) or api_away(exc)
+        if isinstance(exc, DatabaseError):
+            connections.close_all()  # a connection the error broke must not be reused
+        if stopped:
+            log.warning(
+                "queue charges: recompute of %s failed while stopping (%s); "
+                "left to the next full recompute",
+                what,
+                exc,
+                exc_info=not passing,
+            )
+        else:
+            log.warning(
+                "queue charges: recompute of %s failed (%s); again in %.1f s",
+                what,
+                exc,
+                delay,
+                exc_info=not passing,
+            )
 
 
 class QueueWatch:
@@ -138,7 +226,11 @@ class QueueWatch:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._wake = threading.Event()  # the probe thread's: stop, or a kind to forget
         self._probed = threading.Event()
+        # Kinds whose CRD went away, for the probe thread to drop from the cache: it retries
+        # database errors, and it probes a kind again only once its old rows are gone.
+        self._forget: dict[str, Watched] = {}
 
     def start(self) -> QueueWatch:
         self._threads.append(start_thread(self._supervise, "queues-probe"))
@@ -150,11 +242,12 @@ class QueueWatch:
         with self._lock:
             self._stopping.set()
             watchers = list(self._watchers.values())
+        self._wake.set()
         for watcher in watchers:
             watcher.stop()
         for thread in self._threads:
             thread.join(timeout=5)
-        self.debouncer.flush()
+        self.debouncer.stop()
         from agent.queues.live import cancel_pending
 
         cancel_pending()
@@ -205,20 +298,66 @@ class QueueWatch:
         with self._labels_lock:
             labels, self._labels = self._labels, {}
         if labels:
-            cache.store_instance_labels(labels)
+            try:
+                cache.store_instance_labels(labels)
+            except Exception:
+                # Kept for the retry (the debouncer keeps the keys); what came in meanwhile
+                # is newer and wins.
+                with self._labels_lock:
+                    self._labels = {**labels, **self._labels}
+                raise
         self._fire(keys)
 
     # --- probing and watching ---------------------------------------------------------------
     def _supervise(self) -> None:
+        """Probe passes every ``recheck`` seconds until stopped. A pass that fails (the database
+        away, the API server not answering a probe) is tried again after a backoff that starts
+        short and grows to ``recheck``; nothing but ``stop()`` ends this thread."""
+        backoff = Backoff(first=min(PROBE_RETRY_SECONDS, self.recheck), cap=self.recheck)
         while not self._stopping.is_set():
-            for watched in ALL_KINDS:
-                if not self.present(watched.kind) and not self._stopping.is_set():
-                    self._probe(watched)
-            self._probed.set()
-            close_old_connections()
-            self._stopping.wait(self.recheck)
+            try:
+                failed = self._probe_pass()
+            except DatabaseError as exc:
+                failed = f"database: {exc}"
+                connections.close_all()  # a connection the error broke must not be reused
+            except Exception as exc:
+                log.exception("queues: probe pass failed")
+                failed = repr(exc)
+            else:
+                self._probed.set()
+            finally:
+                close_old_connections()
+            if failed:
+                delay = backoff.failed()
+                log.warning("queues: probe pass failed (%s); again in %.1f s", failed, delay)
+            else:
+                backoff.succeeded()
+                delay = self.recheck
+            self._wake.wait(delay)
+            self._wake.clear()
 
-    def _probe(self, watched: Watched) -> None:
+    def _probe_pass(self) -> str:
+        """Drop the rows of kinds gone, then probe every kind not watched; what failed ("" when
+        all went through). Database errors propagate: the whole pass is tried again."""
+        with self._lock:
+            gone = list(self._forget.values())
+        for watched in gone:
+            cache.forget_kind(watched)
+            self._record(watched, present=False)
+            with self._lock:
+                self._forget.pop(watched.kind, None)
+            self.debouncer.mark(None)
+        failed = []
+        for watched in ALL_KINDS:
+            with self._lock:
+                waiting = watched.kind in self._watchers or watched.kind in self._forget
+            if not waiting and not self._stopping.is_set() and not self._probe(watched):
+                failed.append(watched.plural)
+        return f"API server: {', '.join(failed)}" if failed else ""
+
+    def _probe(self, watched: Watched) -> bool:
+        """Is the kind served? Its watcher started if so; False when the API server did not
+        say (the next pass asks again)."""
         try:
             self.custom.list_cluster_custom_object(
                 watched.group, watched.version, watched.plural, limit=1
@@ -226,16 +365,15 @@ class QueueWatch:
         except ApiException as exc:
             if exc.status == 404:
                 self._record(watched, present=False)
-            else:
-                log.warning(
-                    "queues: probing %s failed (%s); will retry", watched.plural, exc.status
-                )
-            return
+                return True
+            log.warning("queues: probing %s failed (%s); will retry", watched.plural, exc.status)
+            return False
         except (HTTPError, OSError) as exc:
             log.warning("queues: probing %s failed (%s); will retry", watched.plural, exc)
-            return
+            return False
         self._record(watched, present=True)
         self._start_watcher(watched)
+        return True
 
     def _record(self, watched: Watched, *, present: bool) -> None:
         QueueSystem.objects.update_or_create(
@@ -274,14 +412,14 @@ class QueueWatch:
         return list_func
 
     def _gone(self, watched: Watched) -> None:
+        """On the kind's own watcher thread, which ends: the probe thread drops its rows."""
         log.info("queues: %s is no longer served; probing again later", watched.plural)
         with self._lock:
             watcher = self._watchers.pop(watched.kind, None)
+            self._forget[watched.kind] = watched
         if watcher is not None:
             watcher.stop()
-        cache.forget_kind(watched)
-        self._record(watched, present=False)
-        self.debouncer.mark(None)
+        self._wake.set()
 
 
 def _apply(watched: Watched, kind: str, obj: dict[str, Any]) -> Keys:

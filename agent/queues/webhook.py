@@ -47,6 +47,8 @@ from agent.queues import facts as queue_facts
 from agent.queues.cache import owner_uids, pod_claims
 from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 from agent.queues.review import Request, parse, response
+from agent.sharing.pods import quantity
+from agent.sharing.policy import PolicyError
 
 log = logging.getLogger(__name__)
 AKRI_PREFIX = "akri.sh/"
@@ -291,11 +293,11 @@ def _requested(container: Any) -> dict[str, int]:
 
 
 def _count(value: Any) -> int:
-    """An extended resource's quantity (an integer; anything else counts as one device: the
-    API server refuses such a pod itself)."""
+    """An extended resource's quantity, in any form the API server writes (``2k``); anything
+    else counts as one device (the API server refuses such a pod itself)."""
     try:
-        return max(int(str(value)), 1)
-    except ValueError:
+        return max(quantity(value, "request"), 1)
+    except PolicyError:
         return 1
 
 

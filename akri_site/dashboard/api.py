@@ -1,7 +1,9 @@
 """The read-only JSON API: every list the pages show, for scripts and the HTTP fallback.
 
 Configured per view (session or token auth, viewer role, pagination, django-filter) so that it
-needs no project-wide ``REST_FRAMEWORK`` settings. OpenAPI schema at ``/api/schema/``.
+needs no project-wide ``REST_FRAMEWORK`` settings; the sign-in and the role check are
+``apiauth``'s, shared with every other endpoint under ``/api/``. OpenAPI schema at
+``/api/schema/``.
 
 Scripts sign in with a per-user token (``Authorization: Token <key>``, DRF's authtoken; made
 with ``manage.py apitoken`` or in the admin); a token carries exactly its user's role. As on the
@@ -21,27 +23,18 @@ from django_filters import rest_framework as filters
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import serializers, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import OrderingFilter
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.permissions import BasePermission
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
 from akri_site.dashboard import charts
-from akri_site.dashboard.access import can_view
+from akri_site.dashboard.apiauth import AUTHENTICATION, IsViewer
 from akri_site.dashboard.forms import known_nodes
 from akri_site.dashboard.queries import RUN_FIELDS
 from akri_site.dashboard.slotmap import HELD_LEVELS, STUCK_STATES, StuckRules, slot_state
-
-
-class IsViewer(BasePermission):
-    message = "You need the viewer, operator or admin role."
-
-    def has_permission(self, request: Any, view: Any) -> bool:
-        return can_view(request.user)
 
 
 class Pagination(PageNumberPagination):
@@ -160,9 +153,6 @@ class EventSerializer(serializers.ModelSerializer):
 
 # Parameters every list endpoint takes besides its filters.
 COMMON_PARAMETERS = frozenset({"page", "page_size", "format", "ordering"})
-# Token first: a request without credentials is then a 401 that names the scheme
-# (``WWW-Authenticate: Token``), and a bad token a 401 rather than a 403.
-AUTHENTICATION = [TokenAuthentication, SessionAuthentication]
 
 
 class StrictFilterBackend(filters.DjangoFilterBackend):

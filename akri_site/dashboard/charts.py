@@ -23,16 +23,12 @@ from django import forms
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Sum
 from django.urls import reverse
 from django.utils import timezone
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import ValidationError
-from rest_framework.permissions import BasePermission
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agent.models import Configuration, Instance, ReleaseSample, UsageSample
 from agent.usage import minute_of
-from akri_site.dashboard.access import can_view
+from akri_site.dashboard.apiauth import ApiView
 from akri_site.dashboard.forms import RANGES, _RangeMixin, known_nodes
 
 MAX_POINTS = 360
@@ -198,22 +194,7 @@ def _validated(request: Any, allowed: frozenset[str]) -> ChartRangeForm:
     return form
 
 
-class _IsViewer(BasePermission):
-    message = "You need the viewer, operator or admin role."
-
-    def has_permission(self, request: Any, view: Any) -> bool:
-        return can_view(request.user)
-
-
-class _ChartView(APIView):
-    # As every other endpoint of ``api``: token first (a 401 naming the scheme), viewer role.
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
-    permission_classes = [_IsViewer]
-    renderer_classes = [JSONRenderer]
-    schema = None
-
-
-class UsageView(_ChartView):
+class UsageView(ApiView):
     def get(self, request: Any) -> Response:
         form = _validated(request, USAGE_PARAMETERS)
         start, end = form.window()
@@ -229,7 +210,7 @@ class UsageView(_ChartView):
         )
 
 
-class ReleaseLatencyView(_ChartView):
+class ReleaseLatencyView(ApiView):
     def get(self, request: Any) -> Response:
         form = _validated(request, LATENCY_PARAMETERS)
         start, end = form.window()

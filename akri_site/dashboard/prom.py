@@ -6,7 +6,6 @@ makes another process's metrics endpoint query the database.
 
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Iterator
 
@@ -21,9 +20,10 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 import agent.metrics  # noqa: F401  (registers the per-process series, websocket clients included)
 from agent.brokers.metrics import BrokerCollector
+from agent.exporter import bearer_matches
 from agent.models import Instance, Slot, SyncState
 from agent.queues.metrics import QueueCollector
-from akri_site.dashboard.slotmap import slot_state
+from akri_site.dashboard.slotmap import STUCK_KINDS, slot_state, stuck_counts
 
 SLOT_STATES = ("free", "held", "foreign", "surplus")
 
@@ -49,6 +49,7 @@ class CacheCollector:
             instances.add_metric(list(labels), n)
         yield instances
         yield from self._slots()
+        yield self._stuck()
         yield self._sync()
 
     def _slots(self) -> Iterator[Metric]:
@@ -81,6 +82,20 @@ class CacheCollector:
                 held.add_metric([conf, level], n)
         return iter((slots, held))
 
+    def _stuck(self) -> Metric:
+        # The overview's "Stuck" box, for alerting (deploy/extras/prometheus: slots held too
+        # long, or without a pod past the grace period).
+        stuck = GaugeMetricFamily(
+            "akri_slots_stuck",
+            "Slots that need a person, by reason: old (held longer than AKRI_STUCK_AFTER_HOURS),"
+            " no-pod (no pod known past the grace period), foreign, conflict (last hour)",
+            labels=["reason"],
+        )
+        for reason, n in stuck_counts().items():
+            if reason in STUCK_KINDS:  # not "stuck", their union
+                stuck.add_metric([reason], n)
+        return stuck
+
     def _sync(self) -> Metric:
         age = GaugeMetricFamily(
             "akri_cache_sync_age_seconds",
@@ -102,14 +117,9 @@ CACHE_REGISTRY.register(BrokerCollector())  # akri_broker_pod_count (agent.broke
 
 
 def authorized(request: HttpRequest) -> bool:
-    """With ``METRICS_TOKEN`` set, the scraper must send it as a bearer token."""
-    token = settings.METRICS_TOKEN
-    if not token:
-        return True
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode(), token.encode()
-    )
+    """With ``METRICS_TOKEN`` set, the scraper must send it as a bearer token (the same rule
+    as the other processes' ``/metrics``, agent.exporter)."""
+    return bearer_matches(request.headers.get("Authorization", ""), settings.METRICS_TOKEN)
 
 
 def _process_registry() -> CollectorRegistry:

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from agent.models import Instance, Slot, SlotEvent, SlotPodBinding, visible_to
+from agent.models import Instance, Pod, Slot, SlotEvent, SlotPodBinding, visible_to
 from akri_site.dashboard.sorting import SLOT_MAP, Sorted
 
 HELD_LEVELS = (Slot.Level.IL, Slot.Level.CL)
@@ -93,8 +93,10 @@ class StuckRules:
 
     grace_before: datetime
     old_before: datetime
-    # Nodes whose slot-to-pod map is in this database: only their slots can be "pod not
-    # known" (agents that keep their map in a database of their own never fill Slot.pod_*).
+    # Nodes whose slot-to-pod map reaches this database: only their slots can be "pod not
+    # known". An agent sharing it keeps its map here; one with a database of its own says on
+    # its pods what they hold (Pod.holds, which the controller turns into Slot.pod_*). Nodes
+    # of neither kind (Akri's own agents) never fill Slot.pod_*.
     mapped_nodes: frozenset[str]
     # (namespace, slot key) of the slots with a conflict event in the last CONFLICT_WINDOW.
     conflicted: frozenset[tuple[str, str]]
@@ -110,7 +112,9 @@ class StuckRules:
     def at(cls, now: datetime | None = None) -> StuckRules:
         now = (now or timezone.now()).replace(microsecond=0)
         conf = settings.AKRI
-        mapped = SlotPodBinding.objects.order_by().values_list("node", flat=True).distinct()
+        mapped = set(SlotPodBinding.objects.order_by().values_list("node", flat=True).distinct())
+        publishing = Pod.objects.filter(holds__isnull=False).exclude(node_name="").order_by()
+        mapped.update(publishing.values_list("node_name", flat=True).distinct())
         conflicts = SlotEvent.objects.filter(
             cause=SlotEvent.Cause.CONFLICT, at__gte=now - CONFLICT_WINDOW
         ).order_by()

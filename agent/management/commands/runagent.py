@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
 
+from agent import exporter
 from agent.discovery.debugecho import DEFAULT_AVAILABILITY_PATH
 from agent.kube.client import new_api_client
 from agent.node.agent import NodeAgent, default_handlers
@@ -89,6 +90,9 @@ class Command(BaseCommand):
         )
         os.makedirs(options["device_plugin_dir"], exist_ok=True)
         agent.start()
+        # Started after the agent, and nothing waits on it: /metrics never delays Allocate, and
+        # a port it cannot have is a log line, not an exit (agent.exporter).
+        metrics_server = exporter.serve("agent")
         self.stdout.write(f"agent for {node} running; SIGTERM stops it")
         try:
             while not stopping.wait(1.0):
@@ -96,6 +100,8 @@ class Command(BaseCommand):
         finally:
             self.stdout.write(f"agent for {node} stopping")
             agent.stop()
+            if metrics_server is not None:
+                metrics_server.stop()
         self.stdout.write(f"agent for {node} stopped")
 
 

@@ -5,6 +5,8 @@ the leader runs the watchers; the others wait as candidates and take over within
 (under 12 s with the defaults) when the leader dies, or at once when it shuts down cleanly.
 
 ``kill -USR1`` writes every thread's stack to stderr: for a replica that seems stuck.
+Every replica serves ``/metrics`` on ``METRICS_PORT`` (``agent.exporter``); its ``akri_leader``
+is 1 on the leader only.
 """
 
 import faulthandler
@@ -15,6 +17,7 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from agent import exporter, metrics
 from agent.controller import Controller
 from agent.kube.client import new_api_client
 from agent.leader import CONTROLLER_LEASE, configured_timing
@@ -33,8 +36,10 @@ class Term:
 
     def start(self) -> None:
         self.controller = Controller(new_api_client(self.kubeconfig), self.namespace).start()
+        metrics.LEADER.labels(CONTROLLER_LEASE).set(1)
 
     def stop(self) -> None:
+        metrics.LEADER.labels(CONTROLLER_LEASE).set(0)
         controller, self.controller = self.controller, None
         if controller is not None:
             controller.stop()
@@ -62,6 +67,11 @@ class Command(BaseCommand):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.set())
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # akri_leader 0 until this replica leads: every replica reports, so that a sum of 0
+        # means none leads (alert AkriLeaderLost).
+        metrics.LEADER.labels(CONTROLLER_LEASE).set(0)
+        # Its thread is a daemon: an error escaping below ends the process all the same.
+        metrics_server = exporter.serve("controller")
 
         def until_stopped() -> None:
             # In steps: Python runs a handler only when the main thread wakes, and a signal
@@ -90,4 +100,6 @@ class Command(BaseCommand):
             until_stopped()
             log.info("controller %s: stopping", elector.identity)
             elector.stop()  # releases the Lease and stops the watchers when leading
+        if metrics_server is not None:
+            metrics_server.stop()
         self.stdout.write("controller stopped")
