@@ -24,7 +24,10 @@ from tests.deploykit import (
 
 # The oldest Kubernetes these manifests are written for (policy/v1 budgets, seccompProfile,
 # the kubernetes.io/metadata.name label), and the newest schemas kubernetes-validate ships.
-SCHEMA_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
+# The oldest Kubernetes the README supports (ValidatingAdmissionPolicy is GA from 1.30) and the
+# newest the validator knows.
+SCHEMA_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+DISCOVERY_NAMESPACE = "akri-site-discovery"  # deploy/discovery: discoveryProperties' Secrets
 AGENT_RSS_MB = 140  # the agent-memory benchmark, 100 Instances
 HOST_DIRS = {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/var/lib/akri"}
 
@@ -72,7 +75,8 @@ def test_each_overlay_renders_every_component_in_one_namespace(overlay):
         assert (kind, name) in names, f"{overlay}: no {kind} {name}"
     for obj in objects:
         if "namespace" in obj["metadata"]:
-            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
+            # The one exception: the agent may read discoveryProperties' Secrets there only.
+            assert obj["metadata"]["namespace"] in (NAMESPACE, DISCOVERY_NAMESPACE), obj["metadata"]
         for subject in obj.get("subjects") or []:
             assert subject["namespace"] == NAMESPACE, obj["metadata"]["name"]
     assert ("Deployment", "akri-site-redis") in names if "embedded" in overlay else True
@@ -332,3 +336,25 @@ def test_set_webhook_ca_gives_every_webhook_the_ca(kube, tmp_path):
         assert all(base64.b64decode(w.client_config.ca_bundle) == wanted for w in stored.webhooks)
     finally:
         api.delete_validating_webhook_configuration(body["metadata"]["name"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_agent_reads_secrets_only_in_the_discovery_namespace(overlay):
+    """The site's own Secret (database URL, SECRET_KEY) and the webhook's TLS key are in
+    akri-site; the agent, root on every node, can read Secrets only in akri-site-discovery."""
+    objects = render(overlay)
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects}
+    readable = set()
+    for binding in objects:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["name"] == "akri-site-agent" for s in binding["subjects"]):
+            continue
+        namespace = binding["metadata"].get("namespace")
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], namespace if ref["kind"] == "Role" else None, ref["name"])]
+        for rule in role["rules"]:
+            if "secrets" in rule["resources"] and set(rule["verbs"]) & {"get", "list", "watch"}:
+                readable.add(namespace or "every namespace")
+
+    assert readable == {DISCOVERY_NAMESPACE}
