@@ -61,3 +61,8 @@ TASK_FAILURES = Counter(
     "akri_task_failures_total", "Celery tasks that ended with an exception", ["task"]
 )
 TASK_RETRIES = Counter("akri_task_retries_total", "Celery task retries", ["task"])
+CACHE_BATCH_FALLBACKS = Counter(
+    "akri_cache_batch_fallbacks_total",
+    "Batches of watched changes that failed as one transaction and were applied one by one",
+    ["owner"],
+)

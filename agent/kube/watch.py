@@ -36,6 +36,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
+from agent import metrics
 from agent.dbthreads import start_thread
 from agent.kube import cache
 from agent.kube.client import AkriApi
@@ -342,6 +343,7 @@ class CacheSync:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.apply_failures = 0  # cache writes that met an error (each retried or relisted)
+        self.batch_fallbacks = 0  # batches applied one by one after failing as one
         self._threads: list[threading.Thread] = []
         self._queue: queue.Queue[tuple[str, Any, Any] | None] = queue.Queue()
         # Items taken from the queue and not applied yet (the rest of a batch cut short).
@@ -585,8 +587,19 @@ class CacheSync:
                     return
                 delay = min(APPLY_RETRY_MAX, delay * 2)
             except Exception:
+                # One change the batch could not take (a row the database refuses, a fault in
+                # its handler): the others must not wait on it, so each goes on its own, and
+                # the one at fault is relisted there. Said out loud: a fallback taken every
+                # time is a bug, and it costs a transaction per change.
                 self._held_notes = None
                 self._put_back_taken()
+                self.batch_fallbacks += 1
+                metrics.CACHE_BATCH_FALLBACKS.labels(self.owner).inc()
+                log.exception(
+                    "%s: a batch of %d changes failed as one transaction; applying them one by one",
+                    self.owner,
+                    len(batch),
+                )
                 for item in batch:
                     self._apply_until_done(item)
                 return
@@ -600,7 +613,7 @@ class CacheSync:
         deadline = time.monotonic() + APPLY_BATCH_SECONDS
         for done, item in enumerate(batch, 1):
             self._apply(*item)
-            if time.monotonic() > deadline or FOREGROUND.busy():
+            if time.monotonic() > deadline or FOREGROUND.busy:
                 return done
         return len(batch)
 
