@@ -240,6 +240,10 @@ class Controller:
         self.usage.start()
         return self
 
+    def stopped_watchers(self) -> list[str]:
+        """The watcher threads of a started controller that have ended (none while it works)."""
+        return [thread.name for thread in self._threads if not thread.is_alive()]
+
     def stop(self) -> None:
         self.usage.stop()
         self.sync.unsubscribe(self._on_sync)

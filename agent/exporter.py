@@ -51,10 +51,19 @@ def bearer_matches(authorization: str, token: str) -> bool:
     )
 
 
-def guarded(app: WsgiApp, token: str) -> WsgiApp:
-    """``app`` at ``/metrics`` only, behind the bearer token when there is one."""
+Health = Callable[[], tuple[bool, str]]  # (alive, why), for a liveness probe at /healthz
+HEALTH_PATH = "/healthz"
+
+
+def guarded(app: WsgiApp, token: str, health: Health | None = None) -> WsgiApp:
+    """``app`` at ``/metrics`` only, behind the bearer token when there is one; with
+    ``health``, ``/healthz`` too (open, as the kubelet's probes carry no token): 200 or 503
+    with the reason in words."""
 
     def metrics_only(environ: dict[str, Any], start_response: Callable[..., Any]):
+        if health is not None and environ.get("PATH_INFO") == HEALTH_PATH:
+            alive, why = health()
+            return _plain(start_response, "200 OK" if alive else "503 Service Unavailable", why)
         if environ.get("PATH_INFO") != PATH:
             return _plain(start_response, "404 Not Found", "only /metrics is served here")
         if not bearer_matches(environ.get("HTTP_AUTHORIZATION", ""), token):
@@ -108,8 +117,10 @@ class MetricsServer:
         address: str = "0.0.0.0",
         token: str = "",
         name: str = "metrics",
+        health: Health | None = None,
     ) -> None:
         self.registry = registry
+        self.health = health
         self.address = address
         self.requested_port = port
         self.token = token
@@ -120,7 +131,7 @@ class MetricsServer:
     def start(self) -> bool:
         """Listen and serve; False (and one error line) when the port cannot be had."""
         server_class = _Server6 if ipaddress.ip_address(self.address).version == 6 else _Server
-        app = guarded(make_wsgi_app(self.registry), self.token)
+        app = guarded(make_wsgi_app(self.registry), self.token, self.health)
         try:
             self._httpd = make_server(
                 self.address, self.requested_port, app, server_class, handler_class=_Handler
@@ -162,9 +173,12 @@ class MetricsServer:
         httpd.server_close()
 
 
-def serve(name: str, registry: Collector = REGISTRY) -> MetricsServer | None:
-    """The settings' ``/metrics`` server for the process ``name``, started: None when
-    ``METRICS_PORT`` is 0, or when the port could not be had (logged)."""
+def serve(
+    name: str, registry: Collector = REGISTRY, health: Health | None = None
+) -> MetricsServer | None:
+    """The settings' ``/metrics`` server for the process ``name`` (and ``/healthz`` with
+    ``health``), started: None when ``METRICS_PORT`` is 0, or when the port could not be had
+    (logged)."""
     from django.conf import settings
 
     if not settings.METRICS_PORT:
@@ -176,5 +190,6 @@ def serve(name: str, registry: Collector = REGISTRY) -> MetricsServer | None:
         address=settings.METRICS_ADDRESS,
         token=settings.METRICS_TOKEN,
         name=name,
+        health=health,
     )
     return server if server.start() else None

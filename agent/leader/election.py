@@ -89,11 +89,22 @@ class LeaderElector:
         # The version of the Lease last seen and when it was first seen (local clock).
         self._seen: tuple[str, LeaseRecord] | None = None
         self._seen_at = 0.0
+        # resign(): asked from any thread, carried out by the election's own (step), which alone
+        # changes who leads; then no attempt to lead again until the hold-off has passed.
+        self._resign_asked: tuple[str, float] | None = None
+        self._hold_off_until = 0.0
 
     # --- the public face --------------------------------------------------------------------
     def is_leading(self) -> bool:
         """True while we hold the Lease and our last renew started within the renew deadline."""
         return self._leading and self._clock() - self._renewed_at < self.timing.renew_deadline
+
+    def resign(self, why: str, hold_off: float | None = None) -> None:
+        """Stop leading at the next step (releasing the Lease, ``on_stopped`` run) and stay a
+        follower for ``hold_off`` seconds (a lease duration by default), so that a rival can
+        take over: for a leader that cannot do its work. Safe from any thread."""
+        hold = self.timing.lease_duration if hold_off is None else hold_off
+        self._resign_asked = (why, hold)
 
     def start(self) -> LeaderElector:
         self._thread = threading.Thread(target=self.run, name=f"lease-{self.name}", daemon=True)
@@ -125,6 +136,16 @@ class LeaderElector:
     def step(self) -> bool:
         """One attempt to take or renew the Lease; True when we lead after it."""
         started = self._clock()
+        asked, self._resign_asked = self._resign_asked, None
+        if asked is not None:
+            why, hold = asked
+            self._hold_off_until = started + hold
+            if self._leading:
+                self._release()
+                self._lose(f"resigned: {why}")
+            return False
+        if not self._leading and started < self._hold_off_until:
+            return False
         if self._try_write(started):
             if not self._leading:
                 self._renewed_at = started
