@@ -24,7 +24,7 @@ class Configuration(models.Model):
     spec = models.JSONField(default=dict)
     capacity = models.PositiveIntegerField(default=1)
     unique_devices = models.BooleanField(default=True)
-    discovery_handler = models.CharField(max_length=253, blank=True)
+    discovery_handler = models.TextField(blank=True)
     # Why this Configuration cannot be used as it is; empty when it is valid.
     error = models.TextField(blank=True)
     deleting = models.BooleanField(default=False)
@@ -48,8 +48,10 @@ class Instance(models.Model):
     name = models.CharField(max_length=253)
     uid = models.CharField(max_length=64, blank=True)
     resource_version = models.CharField(max_length=64, blank=True)
-    configuration_name = models.CharField(max_length=253, db_index=True)
-    cdi_name = models.CharField(max_length=512, blank=True)
+    # Free text in the object (the CRDs bound no string, nor does Akri): text columns, so that
+    # whatever the API server accepts the cache takes, and no long value stops a watch.
+    configuration_name = models.TextField(db_index=True)
+    cdi_name = models.TextField(blank=True)
     capacity = models.PositiveIntegerField(default=1)
     shared = models.BooleanField(default=False)
     nodes = models.JSONField(default=list)
@@ -99,12 +101,13 @@ class Slot(models.Model):
         FOREIGN = "foreign", "foreign value"
 
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="slots")
-    key = models.CharField(max_length=300)
+    # deviceUsage keys and values are any strings the API server accepts (see Instance).
+    key = models.TextField()
     index = models.PositiveIntegerField()
-    value = models.CharField(max_length=512, blank=True)
+    value = models.TextField(blank=True)
     level = models.CharField(max_length=8, choices=Level.choices, default=Level.FREE)
-    holder_node = models.CharField(max_length=253, blank=True, db_index=True)
-    vdev = models.CharField(max_length=300, blank=True)
+    holder_node = models.TextField(blank=True, db_index=True)
+    vdev = models.TextField(blank=True)
     # Beyond the Instance's capacity: removed once released (capacity shrank under a holder).
     surplus = models.BooleanField(default=False)
     since = models.DateTimeField(null=True, blank=True)
@@ -141,14 +144,14 @@ class SlotEvent(models.Model):
     at = models.DateTimeField(db_index=True)
     namespace = models.CharField(max_length=253)
     instance = models.CharField(max_length=253, db_index=True)
-    configuration = models.CharField(max_length=253, blank=True, db_index=True)
-    slot = models.CharField(max_length=300, db_index=True)
-    before = models.CharField(max_length=512, blank=True)
-    after = models.CharField(max_length=512, blank=True)
+    configuration = models.TextField(blank=True, db_index=True)
+    slot = models.TextField(db_index=True)
+    before = models.TextField(blank=True)
+    after = models.TextField(blank=True)
     cause = models.CharField(max_length=16, choices=Cause.choices)
     actor = models.CharField(max_length=253)
     node = models.CharField(max_length=253, blank=True, db_index=True)
-    pod = models.CharField(max_length=512, blank=True)
+    pod = models.TextField(blank=True)
     detail = models.TextField(blank=True)
     # The Instance's resourceVersion that carries this change.
     resource_version = models.CharField(max_length=64, blank=True)
@@ -214,12 +217,12 @@ class SlotPodBinding(models.Model):
     """
 
     node = models.CharField(max_length=253)
-    slot = models.CharField(max_length=300)
+    slot = models.TextField()
     instance = models.CharField(max_length=253)
     namespace = models.CharField(max_length=253)
     # The kubelet device id the slot was allocated under (IL slot key or CL vdev).
-    device_id = models.CharField(max_length=300, blank=True)
-    resource_name = models.CharField(max_length=300, blank=True)
+    device_id = models.TextField(blank=True)
+    resource_name = models.TextField(blank=True)
     pod_namespace = models.CharField(max_length=253, blank=True)
     pod_name = models.CharField(max_length=253, blank=True)
     pod_uid = models.CharField(max_length=64, blank=True)

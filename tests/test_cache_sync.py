@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection, transaction
@@ -341,3 +342,34 @@ def test_a_batch_with_a_change_it_cannot_take_falls_back_loudly(kube, monkeypatc
     assert "applying them one by one" in caplog.text
     names = set(Instance.objects.filter(name__startswith="batch-").values_list("name", flat=True))
     assert names == {"batch-good01", "batch-good02"}
+
+
+def test_the_cache_takes_long_strings_the_api_server_accepts_and_the_watch_goes_on(api, sync):
+    """A 20 kB deviceUsage value and a 5 kB discoveryHandler name (the CRDs bound neither, nor
+    does Akri) go into the cache like any other, and the objects after them too."""
+    long_value = "C:" + "v" * 20_000 + ":node-a"
+    long_handler = "h" * 5_000
+    api.create_configuration(
+        configuration_body("long-handler", discoveryHandler={"name": long_handler})
+    )
+    body = instance_body("long-000001", 2, configuration="long-cfg")
+    body["spec"]["deviceUsage"]["long-000001-0"] = long_value
+    body["spec"]["cdiName"] = "akri.sh/long-cfg=" + "c" * 3_000
+    api.create_instance(body)
+    api.create_instance(instance_body("after-000001", 2, configuration="long-cfg"))
+    sync.start()
+    assert sync.wait_synced()
+
+    def landed() -> bool:
+        return (
+            Instance.objects.filter(name="after-000001").exists()
+            and Slot.objects.filter(key="long-000001-0", value=long_value).exists()
+        )
+
+    deadline = time.monotonic() + 10
+    while not landed():
+        assert time.monotonic() < deadline, "the long Instance never reached the cache"
+        time.sleep(0.05)
+    assert Configuration.objects.get(name="long-handler").discovery_handler == long_handler
+    assert Instance.objects.get(name="long-000001").cdi_name.endswith("c" * 3_000)
+    assert sync.apply_failures == 0
