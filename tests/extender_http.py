@@ -1,14 +1,51 @@
-"""Cache rows and Node objects for the extender tests; the HTTP side is
+"""Cache rows, Node objects and certificates for the extender tests; the HTTP side is
 ``agent.simulator.scheduler``'s."""
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from agent.extender.tls import ServerTls
 from agent.kube.cache import apply_configuration, apply_instance
-from agent.simulator.scheduler import filter_args, post
+from agent.simulator.scheduler import SchedulerTls, filter_args, post
 
-__all__ = ["filter_args", "post", "node_object", "put_configuration", "put_instance"]
+__all__ = [
+    "Certs",
+    "filter_args",
+    "make_certs",
+    "node_object",
+    "post",
+    "put_configuration",
+    "put_instance",
+]
+
+CERT_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "extender-certs"
+
+
+@dataclass(frozen=True)
+class Certs:
+    """What deploy/extender-certs writes, as the extender and kube-scheduler use it."""
+
+    dir: Path
+
+    def server(self, *client_names: str) -> ServerTls:
+        d = self.dir
+        return ServerTls(str(d / "tls.crt"), str(d / "tls.key"), str(d / "ca.crt"), client_names)
+
+    def scheduler(self) -> SchedulerTls:
+        d = self.dir
+        return SchedulerTls(str(d / "scheduler.crt"), str(d / "scheduler.key"), str(d / "ca.crt"))
+
+
+def make_certs(directory: Path) -> Certs:
+    """The shipped script, run as the README says, with 127.0.0.1 added for a local server."""
+    subprocess.run(
+        [str(CERT_SCRIPT), str(directory), "IP:127.0.0.1"], check=True, capture_output=True
+    )
+    return Certs(directory)
 
 
 def node_object(name: str, **capacity: str) -> dict[str, Any]:

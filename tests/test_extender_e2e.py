@@ -19,7 +19,8 @@ from agent.discovery.debugecho import DebugEchoHandler
 from agent.extender.service import ExtenderService
 from agent.scheduling.models import PodVerdict
 from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
-from agent.simulator.scheduler import MiniScheduler, pod_body
+from agent.simulator.scheduler import MiniScheduler, pod_body, register_nodes, unregister_nodes
+from tests.extender_http import make_certs
 from tests.sharing_world import assigned
 from tests.test_agent_lifecycle import AgentCluster, configuration_body
 
@@ -31,7 +32,7 @@ NODES = ("node-a", "node-b", "node-c")
 
 
 @pytest.fixture
-def world(kube, settings):
+def world(kube, settings, tmp_path):
     settings.AKRI = {**settings.AKRI, "AGENT_ASSIGNMENTS": True}
     cluster = AgentCluster(kube, nodes=NODES)
     for node in cluster.nodes.values():
@@ -44,21 +45,34 @@ def world(kube, settings):
     cluster.api.create_configuration(
         configuration_body(CONFIG, ("cam0", "cam1", "cam2"), capacity=1, unique=True)
     )
-    service = ExtenderService(
-        kube.new_client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
-    ).start()
     core = client.CoreV1Api(kube.api_client)
+    registered = register_nodes(core, NODES)
+    # As deploy/ runs it: HTTPS, only for kube-scheduler's client certificate.
+    certs = make_certs(tmp_path / "certs")
+    service = ExtenderService(
+        kube.new_client(),
+        namespace=kube.namespace,
+        feed_interval=0.05,
+        kube_interval=3600,
+        tls=certs.server("system:kube-scheduler"),
+    ).start()
     kubelets = {name: cluster[name].kubelet for name in NODES}
     # As deploy/scheduler's configuration has it: the CL resource is left to the extender
     # (ignoredByScheduler), whose reasons then reach the pod.
     scheduler = MiniScheduler(
-        core, kube.namespace, service.url, kubelets, ignored_by_scheduler={RESOURCE}
+        core,
+        kube.namespace,
+        service.url,
+        kubelets,
+        ignored_by_scheduler={RESOURCE},
+        tls=certs.scheduler(),
     )
     for name in ("node-a", "node-b"):
         cluster[name].kubelet.wait_devices(RESOURCE, lambda d: len(d) == 3, timeout=10)
     yield cluster, service, scheduler
     service.stop()
     cluster.stop()
+    unregister_nodes(core, registered)
 
 
 def books_show_one_taken_on_node_b(service: ExtenderService) -> bool:

@@ -12,6 +12,7 @@ from kubernetes import client
 from agent.extender.service import ExtenderService
 from agent.scheduling.models import PodVerdict
 from agent.sharing.akri_slots import ASSIGNMENT
+from agent.simulator.scheduler import STAND_IN, register_nodes, unregister_nodes
 from tests.extender_http import (
     filter_args,
     node_object,
@@ -51,6 +52,8 @@ def world(kube):
     put_instance(ns, cam(kube, "b", 2), [n2])
     put_instance(ns, cam(kube, "c", 0), [n3])
     put_instance(ns, cam(kube, "c", 1), [n3])
+    core = client.CoreV1Api(kube.api_client)
+    registered = register_nodes(core, [n1, n2, n3])
     service = ExtenderService(
         kube.new_client(),
         namespace=ns,
@@ -60,6 +63,7 @@ def world(kube):
     ).start()
     yield service
     service.stop()
+    unregister_nodes(core, registered)
 
 
 def created_pod(kube, requests: dict[str, int], name: str) -> dict:
@@ -68,6 +72,7 @@ def created_pod(kube, requests: dict[str, int], name: str) -> dict:
     body = pod(requests, name=name)
     del body["metadata"]["uid"], body["status"]
     body["metadata"]["namespace"] = kube.namespace
+    body["spec"]["schedulerName"] = STAND_IN  # no real kube-scheduler binds it meanwhile
     core.create_namespaced_pod(kube.namespace, body)
     response = core.read_namespaced_pod(name, kube.namespace, _preload_content=False)
     return json.loads(response.data)

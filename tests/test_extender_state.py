@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from agent.extender.state import SchedulerState
-from agent.sharing.akri_slots import CONSUMED
+from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
 from agent.sharing.registry import enabled
 from tests.sharing_world import configs, instance, pod
 
@@ -141,3 +141,39 @@ def test_spreading_and_packing_score_free_room_opposite_ways():
     assert state.scores(asking, ["n1", "n2"], pack=False) == [("n1", 10), ("n2", 5)]
     assert state.scores(asking, ["n1", "n2"], pack=True) == [("n1", 0), ("n2", 5)]
     assert state.filter(asking, ["n1"]).fits == ["n1"]
+
+
+def test_a_pod_bound_with_two_slots_keeps_the_unclaimed_one_taken_until_every_claim_shows():
+    """Issue 30: the agent claims a pod's slots one Instance at a time, so the cache may show
+    the claim of one and not yet the other. The other must still count as taken, or the next
+    pod is assigned it too and fails admission at its kubelet."""
+    shared = [instance(f"cam-00000{i}", ("n1", "n2"), 1, configuration="cam") for i in (1, 2)]
+    state = state_with(shared)
+    annotations = state.allocate(pod({"akri.sh/cam": 2}), "n1")
+    assigned = json.loads(annotations[ASSIGNMENT])["slots"]["akri.sh/cam"]
+    claimed, unclaimed = sorted(assigned)
+
+    def cache_showing(held: set[str]) -> list:
+        return [
+            instance(
+                f"cam-00000{i}",
+                ("n1", "n2"),
+                1,
+                {0: "C:cam-0:n1"} if f"cam-00000{i}-0" in held else None,
+                "cam",
+            )
+            for i in (1, 2)
+        ]
+
+    state.set_inventory(cache_showing({claimed}), CAM)
+
+    assert state.assumptions, "dropped while a slot is still unclaimed"
+    decision = state.filter(pod({"akri.sh/cam": 1}), ["n2"])
+    assert decision.fits == []
+    assert decision.failed == {"n2": "1 unique cam devices requested, 0 of 2 free on node n2"}
+    assert state.filter(pod({"akri.sh/cam-000002": 1}), ["n2"]).fits == []
+
+    state.set_inventory(cache_showing({claimed, unclaimed}), CAM)
+
+    assert state.assumptions == {}
+    assert state.filter(pod({"akri.sh/cam": 1}), ["n2"]).fits == []  # held, per deviceUsage

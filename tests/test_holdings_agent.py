@@ -18,7 +18,7 @@ from agent.domain.holdings import HOLDS, parse_holds
 from agent.extender.service import ExtenderService
 from agent.node import assignments
 from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
-from agent.simulator.scheduler import MiniScheduler
+from agent.simulator.scheduler import MiniScheduler, register_nodes, unregister_nodes
 from tests.test_agent_lifecycle import AgentCluster, configuration_body, healthy, wait_instances
 from tests.test_reconcile_agent import FOO0, IL, end_pod, run_pod
 
@@ -116,12 +116,14 @@ def burst_world(kube, settings, monkeypatch):
         kube.new_client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
     ).start()
     core = client.CoreV1Api(kube.api_client)
+    registered = register_nodes(core, ["node-a"])  # the extender binds to existing nodes only
     scheduler = MiniScheduler(core, kube.namespace, service.url, {"node-a": node.kubelet})
     node.kubelet.wait_devices(RESOURCE, lambda d: len(d) == ROOM, timeout=10)
     kube.wait_for(lambda: len(service.state._instances) == ROOM, timeout=10, message="the books")
     yield cluster, scheduler
     service.stop()
     cluster.stop()
+    unregister_nodes(core, registered)
 
 
 def holders_by_slot(cluster: AgentCluster, admitted: dict[str, list[str]]) -> dict[str, str]:

@@ -300,7 +300,7 @@ def agent_taking_an_assignment(kube, rec: Recorder, monkeypatch) -> None:
     on its node) and marks it consumed (a patch of that pod, in the workload's namespace)."""
     from agent.extender.service import ExtenderService
     from agent.sharing.akri_slots import CONSUMED
-    from agent.simulator.scheduler import MiniScheduler
+    from agent.simulator.scheduler import MiniScheduler, register_nodes, unregister_nodes
 
     monkeypatch.setitem(_settings().AKRI, "AGENT_ASSIGNMENTS", True)
     work = kube.create_namespace()
@@ -309,6 +309,8 @@ def agent_taking_an_assignment(kube, rec: Recorder, monkeypatch) -> None:
     service = ExtenderService(
         kube.new_client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
     )
+    core = client.CoreV1Api(kube.api_client)
+    registered = register_nodes(core, ["node-a"])  # the extender binds to existing nodes only
     try:
         # A Configuration of its own: the earlier agent scenarios' objects may still be there.
         config = "cams-assigned"
@@ -318,7 +320,6 @@ def agent_taking_an_assignment(kube, rec: Recorder, monkeypatch) -> None:
         kubelet = cluster["node-a"].kubelet
         kubelet.wait_devices(resource, lambda d: len(healthy(d)) == 2, timeout=10)
         service.start()
-        core = client.CoreV1Api(kube.api_client)
         scheduler = MiniScheduler(core, work, service.url, {"node-a": kubelet})
         kube.wait_for(lambda: instance in service.state._instances, timeout=10, message="booked")
         outcome = scheduler.schedule(scheduler.create("assigned", {resource: 1}))
@@ -330,6 +331,7 @@ def agent_taking_an_assignment(kube, rec: Recorder, monkeypatch) -> None:
     finally:
         service.stop()
         cluster.stop()
+        unregister_nodes(core, registered)
 
 
 def claim_after_a_lost_race(kube, rec: Recorder, monkeypatch) -> None:
@@ -571,11 +573,17 @@ def web_requests(kube, rec: Recorder, monkeypatch) -> None:
 
 def extender_scheduling(kube, rec: Recorder, monkeypatch) -> None:
     """runextender: its feeds (cache, then Nodes and device-holding pods from the API), filter,
-    prioritize and bind (the assignment annotation, then the Binding), and a bind of a pod this
-    process never filtered (a restarted extender: it reads the pod first)."""
+    prioritize and bind (it reads the pod and the node, writes the assignment annotation, then
+    the Binding), and a bind of a pod this process never filtered (a restarted extender)."""
     from agent.extender.service import ExtenderService
     from agent.sharing.akri_slots import ASSIGNMENT
-    from agent.simulator.scheduler import MiniScheduler, pod_body, post
+    from agent.simulator.scheduler import (
+        MiniScheduler,
+        pod_body,
+        post,
+        register_nodes,
+        unregister_nodes,
+    )
     from tests.extender_http import put_configuration, put_instance
 
     put_configuration(kube.namespace, "cams")
@@ -583,6 +591,7 @@ def extender_scheduling(kube, rec: Recorder, monkeypatch) -> None:
         put_instance(kube.namespace, f"cams-rbac{n}", ["node-a"])
     work = kube.create_namespace()
     core = client.CoreV1Api(kube.api_client)
+    registered = register_nodes(core, ["node-a"])
     service = ExtenderService(
         rec.client(), namespace=kube.namespace, feed_interval=0.05, kube_interval=3600
     ).start()
@@ -605,6 +614,7 @@ def extender_scheduling(kube, rec: Recorder, monkeypatch) -> None:
             core.delete_namespaced_pod(name, work, grace_period_seconds=0)
     finally:
         service.stop()
+        unregister_nodes(core, registered)
 
 
 def web_eviction(kube, rec: Recorder, monkeypatch) -> None:

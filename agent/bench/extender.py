@@ -49,7 +49,7 @@ from agent.extender.service import ExtenderService
 from agent.kube.client import new_api_client
 from agent.models import Configuration, Instance
 from agent.simulator.kubelet_pods import PodFinisher
-from agent.simulator.scheduler import MiniScheduler, filter_args, post
+from agent.simulator.scheduler import MiniScheduler, filter_args, post, register_nodes
 
 WARM_UP = 3
 
@@ -220,6 +220,7 @@ def bench_schedule_storm(quick: bool = False, stdout: Any = None) -> dict[str, o
                 f"{node.name}: {devices} devices of {resource}",
             )
         core = client.CoreV1Api(new_api_client(kubeconfig))
+        register_nodes(core, names)  # as kubelets do: the extender binds to existing nodes only
         service = ExtenderService(
             new_api_client(kubeconfig), namespace=api.namespace, feed_interval=0.1
         )

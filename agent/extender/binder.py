@@ -1,4 +1,5 @@
-"""The API side of ``bind``: read the pod, write its device annotations, create the Binding.
+"""The API side of ``bind``: read the pod and the node, write the pod's device annotations,
+create the Binding.
 
 Annotations go on first, then the Binding: once a pod is bound the kubelet may admit it at
 once, and the agent's Allocate must find its assignment already there. Every call carries a
@@ -56,10 +57,26 @@ class Binder:
             raise BindError(f"cannot read pod {namespace}/{name}: {_why(exc)}") from None
         return json.loads(response.data)
 
+    def get_node(self, name: str) -> dict[str, Any]:
+        """The Node as the API server has it now (its labels and taints decide the bind)."""
+        try:
+            response = self.core.read_node(name, _preload_content=False, _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise BindError(f"node {name} does not exist") from None
+            raise BindError(f"cannot read node {name}: {_why(exc)}") from None
+        except Exception as exc:
+            raise BindError(f"cannot read node {name}: {_why(exc)}") from None
+        return json.loads(response.data)
+
     def annotate(self, pod: dict[str, Any], annotations: Mapping[str, str]) -> None:
         """Write ``annotations`` on a pod that is not bound yet, as a conditional JSON patch
-        (its ``test`` op fails on any change we have not seen); on a conflict, re-read once.
-        AlreadyBound when it is bound meanwhile: an assignment never lands on a running pod."""
+        (its ``test`` op fails on any change we have not seen). On a conflict (409, or 422 for
+        a failed ``test``) the pod is read again and the patch made against what it is now:
+        anyone may write the pod in between (kube-scheduler's ``PodScheduled`` condition after
+        a failed attempt, a controller's label), and retrying with the old resourceVersion
+        could only fail again. AlreadyBound when it is bound meanwhile: an assignment never
+        lands on a running pod."""
         meta = pod.get("metadata") or {}
         namespace, name = meta.get("namespace", ""), meta.get("name", "")
         for _ in range(ATTEMPTS):

@@ -6,6 +6,13 @@ carries the nodes: ``NodeNames`` (names only) when true, ``Nodes`` (a full NodeL
 false, and the answer must fill the same field: the scheduler reads only that one, and a null
 there filters out every node without an error. Anything malformed is a ``BadRequest``, which
 the server answers with HTTP 200 and ``Error`` set, as the scheduler expects.
+
+Names are checked as the API server checks them (a pod's name and a node's a DNS subdomain of
+at most 253 characters, a namespace a DNS label of at most 63): nothing the scheduler sends can
+be longer, and what the extender keeps or writes (its books, the verdict rows the dashboard
+links by name) must never hold a name no object can have. Node names in ``NodeNames`` are only
+checked for length and type, and counted: they are looked up, never stored as given, and a
+5,000-node list is checked in microseconds.
 """
 
 from __future__ import annotations
@@ -13,6 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from agent.domain.naming import is_dns_label, is_dns_subdomain
+
+# Three times the 5,000 nodes Kubernetes is tested to (its scalability thresholds): every name
+# is a lookup in the books, so an endless list is work on the scheduler's path.
+MAX_NODES = 15_000
+MAX_NAME = 253  # a DNS subdomain (pod and node names)
+MAX_UID = 64  # UIDs are 36-character UUIDs; the verdict rows keep 64
 
 
 class BadRequest(ValueError):
@@ -49,27 +64,74 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _shown(value: str) -> str:
+    """A name as an error message may quote it: never the whole of an endless one."""
+    return repr(value) if len(value) <= 80 else f"{value[:60]!r}... ({len(value)} characters)"
+
+
+def check_name(value: Any, what: str, *, label: bool = False, empty: bool = False) -> str:
+    """``value`` as a Kubernetes object name (a DNS subdomain; with ``label`` a DNS label, as
+    namespaces are), or BadRequest in words. ``empty`` accepts ""."""
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be a string")
+    if not value and empty:
+        return value
+    limit = 63 if label else MAX_NAME
+    if len(value) > limit:
+        raise BadRequest(f"{what} is {len(value)} characters long; at most {limit} are allowed")
+    valid = is_dns_label(value) if label else is_dns_subdomain(value)
+    if not valid:
+        kind = "DNS label" if label else "DNS subdomain"
+        raise BadRequest(
+            f"{what} {_shown(value)} is not a valid name (a lowercase RFC 1123 {kind})"
+        )
+    return value
+
+
+def check_uid(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be a string")
+    if len(value) > MAX_UID:
+        raise BadRequest(f"{what} is {len(value)} characters long; at most {MAX_UID} are allowed")
+    return value
+
+
+def _pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    pod = _object(_field(body, "Pod"), "Pod")
+    meta = _object(pod.get("metadata"), "Pod.metadata")
+    check_name(meta.get("name"), "Pod.metadata.name")
+    check_name(meta.get("namespace", ""), "Pod.metadata.namespace", label=True, empty=True)
+    check_uid(meta.get("uid", ""), "Pod.metadata.uid")
+    return pod
+
+
+def _node_names(names: Any) -> list[str]:
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise BadRequest("NodeNames must be a list of strings")
+    if len(names) > MAX_NODES:
+        raise BadRequest(f"NodeNames lists {len(names)} nodes; at most {MAX_NODES} are allowed")
+    if names and max(map(len, names)) > MAX_NAME:
+        raise BadRequest(f"a node name in NodeNames is longer than {MAX_NAME} characters")
+    return names
+
+
 def parse_args(body: Any) -> ExtenderArgs:
     """ExtenderArgs from a decoded filter or prioritize body."""
     body = _object(body, "the request body")
-    pod = _object(_field(body, "Pod"), "Pod")
-    meta = _object(pod.get("metadata"), "Pod.metadata")
-    if not isinstance(meta.get("name"), str):
-        raise BadRequest("Pod.metadata.name must be a string")
+    pod = _pod(body)
     names, nodes = _field(body, "NodeNames"), _field(body, "Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise BadRequest("NodeNames must be a list of strings")
-        return ExtenderArgs(pod, names, None)
+        return ExtenderArgs(pod, _node_names(names), None)
     if nodes is None:
         raise BadRequest("neither NodeNames nor Nodes was given")
     items = _object(nodes, "Nodes").get("items") or []
     if not isinstance(items, list):
         raise BadRequest("Nodes.items must be a list")
+    if len(items) > MAX_NODES:
+        raise BadRequest(f"Nodes lists {len(items)} nodes; at most {MAX_NODES} are allowed")
     for item in items:
         name = (_object(item, "a node").get("metadata") or {}).get("name")
-        if not isinstance(name, str):
-            raise BadRequest("every node in Nodes.items needs metadata.name")
+        check_name(name, "metadata.name of a node in Nodes.items")
     return ExtenderArgs(pod, None, items)
 
 
@@ -114,10 +176,18 @@ class BindingArgs:
 def parse_binding(body: Any) -> BindingArgs:
     body = _object(body, "the request body")
     values = [_field(body, key) for key in ("PodName", "PodNamespace", "PodUID", "Node")]
-    for key, value in zip(("PodName", "PodNamespace", "PodUID", "Node"), values, strict=True):
-        if not isinstance(value, str) or (key != "PodUID" and not value):
+    for key, value in zip(
+        ("PodName", "PodNamespace", "Node"), values[:2] + values[3:], strict=True
+    ):
+        if not isinstance(value, str) or not value:
             raise BadRequest(f"{key} must be a non-empty string")
-    return BindingArgs(*values)
+    name, namespace, uid, node = values
+    return BindingArgs(
+        check_name(name, "PodName"),
+        check_name(namespace, "PodNamespace", label=True),
+        check_uid(uid if uid is not None else "", "PodUID"),
+        check_name(node, "Node"),
+    )
 
 
 def binding_result(error: str = "") -> dict[str, Any]:

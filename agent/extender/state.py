@@ -169,8 +169,20 @@ class SchedulerState:
         changes (Instances, Node object, pods, assignments). Call with the lock held."""
         books = self._books.get(node)
         if books is None:
-            books = self._books[node] = self._build(node, self._inputs(node))
+            books = self._build(node, self._inputs(node))
+            # Kept only for a node the books know of: names of no node (a scheduler's list
+            # ahead of the node feed, or made up) must not grow the books for good.
+            if self._known(node):
+                self._books[node] = books
         return books
+
+    def _known(self, node: str) -> bool:
+        return (
+            node in self._nodes
+            or node in self._by_node
+            or node in self._pods_by_node
+            or any(a.node == node for a in self.assumptions.values())
+        )
 
     def _build(self, node: str, inputs: tuple) -> NodeBooks:
         held = self._nodes.get(node)

@@ -1,15 +1,30 @@
 """Writing verdicts off the scheduler's path: ``record`` only queues; one thread writes the
-latest verdict per pod (a pod filtered twice before the writer runs is written once)."""
+latest verdict per pod (a pod filtered twice before the writer runs is written once).
+
+A row that fails to be written because the database is away (any error but the two below) is
+kept and written by a later flush, unless a newer verdict for that pod came meanwhile: the
+Scheduling page must not lose a pod's reason to a database restart. A row the database refuses
+for what it is (``DataError``, ``IntegrityError``), or one that cannot fit the columns, is
+dropped and logged: it would be refused forever, and kept in the queue it would hold up every
+verdict after it.
+
+Rows are pruned by the same thread (``prune``): a pending pod is filtered again at least every
+five minutes (kube-scheduler's ``podMaxInUnschedulablePodsDuration``), so a row untouched for
+``RETENTION`` belongs to a pod that was bound, deleted or never existed; and never more than
+``MAX_ROWS`` rows are kept, the oldest going first.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import threading
+import time
 from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import DataError, IntegrityError, close_old_connections
 from django.utils import timezone
 
 from agent.dbthreads import closing_connections
@@ -42,6 +57,15 @@ def verdict_fields(
 
 _DECISION = "_decision"
 COALESCE_SECONDS = 0.5
+RETENTION = timedelta(minutes=15)
+# 5,000 pods pending at once is a big cluster's bad day; each row holds at most
+# PodVerdict.MAX_NODES reasons, some 10 kB.
+MAX_ROWS = 5000
+PRUNE_SECONDS = 60.0
+PRUNE_BATCH = 500
+# Column sizes of PodVerdict: a key that does not fit is refused by PostgreSQL (SQLite stores
+# it), so it is never sent.
+_LIMITS = {"namespace": 253, "name": 253, "uid": 64, "bound_to": 253}
 
 
 def _expanded(fields: dict[str, Any]) -> dict[str, Any]:
@@ -51,8 +75,35 @@ def _expanded(fields: dict[str, Any]) -> dict[str, Any]:
     return {**verdict_fields(*fields[_DECISION]), **rest}
 
 
+def _unfit(key: tuple[str, str], fields: dict[str, Any]) -> str:
+    """Why this row cannot be stored ("" when it can)."""
+    values = {"namespace": key[0], "name": key[1], **fields}
+    for column, limit in _LIMITS.items():
+        value = values.get(column, "")
+        if not isinstance(value, str) or len(value) > limit:
+            return f"{column} is not a string of at most {limit} characters"
+    return ""
+
+
+def prune(
+    now: datetime | None = None, *, keep: int = MAX_ROWS, retention: timedelta = RETENTION
+) -> int:
+    """Delete rows untouched for ``retention``, then the oldest beyond ``keep``; how many."""
+    cutoff = (now or timezone.now()) - retention
+    deleted = 0
+    old = PodVerdict.objects.filter(at__lt=cutoff)
+    while batch := list(old.values_list("pk", flat=True)[:PRUNE_BATCH]):
+        deleted += PodVerdict.objects.filter(pk__in=batch).delete()[0]
+    while True:
+        newest_first = PodVerdict.objects.order_by("-at", "-pk").values_list("pk", flat=True)
+        extra = list(newest_first[keep : keep + PRUNE_BATCH])
+        if not extra:
+            return deleted
+        deleted += PodVerdict.objects.filter(pk__in=extra).delete()[0]
+
+
 class VerdictRecorder:
-    def __init__(self) -> None:
+    def __init__(self, *, prune_seconds: float = PRUNE_SECONDS) -> None:
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         # Held for a whole flush, so that flush() returns only when what was queued is written.
@@ -63,6 +114,9 @@ class VerdictRecorder:
             target=closing_connections(self._run), name="verdicts", daemon=True
         )
         self.errors = 0
+        self.dropped = 0
+        self.prune_seconds = prune_seconds
+        self._pruned_at = 0.0
 
     def start(self) -> VerdictRecorder:
         self._thread.start()
@@ -107,10 +161,25 @@ class VerdictRecorder:
             self._stop.wait(COALESCE_SECONDS)
             self._wake.clear()
             self.flush()
+            self._prune_now_and_then()
+
+    def _prune_now_and_then(self) -> None:
+        if time.monotonic() - self._pruned_at < self.prune_seconds:
+            return
+        self._pruned_at = time.monotonic()
+        try:
+            gone = prune()
+        except Exception:
+            self.errors += 1
+            log.exception("extender: pruning verdicts failed; trying again later")
+            return
+        if gone:
+            log.info("extender: pruned %d old verdicts", gone)
 
     def flush(self) -> None:
-        """Write what is queued; returns once it is written. A failed write is queued again
-        (unless a newer verdict for the pod came meanwhile) for the next flush."""
+        """Write what is queued; returns once it is written. A write that failed is queued
+        again (unless a newer verdict for the pod came meanwhile) for the next flush; a row
+        the database refuses for what it holds is dropped (see the module docstring)."""
         with self._writing:
             with self._lock:
                 pending, self._pending = self._pending, {}
@@ -118,14 +187,25 @@ class VerdictRecorder:
                 return
             try:
                 close_old_connections()
-                for (namespace, name), fields in list(pending.items()):
-                    PodVerdict.objects.update_or_create(
-                        namespace=namespace, name=name, defaults=_expanded(fields)
-                    )
-                    del pending[(namespace, name)]
+                for key, fields in list(pending.items()):
+                    self._write(key, fields)
+                    del pending[key]
             except Exception:
                 self.errors += 1
                 log.exception("extender: writing verdicts failed; %d kept for later", len(pending))
                 with self._lock:
                     for key, fields in pending.items():
                         self._pending[key] = {**fields, **self._pending.get(key, {})}
+
+    def _write(self, key: tuple[str, str], fields: dict[str, Any]) -> None:
+        why = _unfit(key, fields)
+        if not why:
+            try:
+                PodVerdict.objects.update_or_create(
+                    namespace=key[0], name=key[1], defaults=_expanded(fields)
+                )
+                return
+            except (DataError, IntegrityError) as exc:
+                why = str(exc)
+        self.dropped += 1
+        log.warning("extender: dropped the verdict of %.80s/%.80s: %s", *key, why)

@@ -117,6 +117,7 @@ from agent.simulator.apiserver_store import (
     bad_request,
     conflict,
     not_found,
+    now_rfc3339,
 )
 
 log = logging.getLogger(__name__)
@@ -816,12 +817,22 @@ class ApiServerSimulator:
             )
 
         def patcher(stored: dict) -> Any:
+            uid = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("uid")
+            if uid and uid != stored["metadata"].get("uid"):
+                raise conflict(
+                    rt,
+                    name,
+                    f"Precondition failed: UID in precondition: {uid}, "
+                    f"UID in object meta: {stored['metadata'].get('uid')}",
+                )
             node = (stored.get("spec") or {}).get("nodeName")
             if node:
                 raise conflict(rt, name, f'pod {name} is already assigned to node "{node}"')
             return stored
 
         # Binding is the one way to set spec.nodeName after create; bypass the pod update rule.
+        # As the real registry does: the pod's PodScheduled condition becomes True (no reason),
+        # whatever the scheduler wrote after failed attempts.
         with self.store.lock:
             stored = self.store.objects[rt.key].get((ns, name))
             if stored is None:
@@ -829,6 +840,20 @@ class ApiServerSimulator:
             patcher(stored)
             new = dict(stored, spec=dict(stored.get("spec") or {}, nodeName=target))
             new["metadata"] = dict(stored["metadata"])
+            status = dict(stored.get("status") or {})
+            conditions = list(status.get("conditions") or [])
+            at = next(
+                (i for i, c in enumerate(conditions) if c.get("type") == "PodScheduled"), None
+            )
+            old = conditions[at] if at is not None else {}
+            since = old.get("lastTransitionTime") if old.get("status") == "True" else None
+            scheduled = {"type": "PodScheduled", "status": "True", "lastProbeTime": None}
+            scheduled["lastTransitionTime"] = since or now_rfc3339()
+            if at is None:
+                conditions.append(scheduled)
+            else:
+                conditions[at] = scheduled
+            new["status"] = {**status, "conditions": conditions}
             self.store._commit(rt, new, stored, "MODIFIED")
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "code": 201}  # fmt: skip

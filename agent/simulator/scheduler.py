@@ -13,14 +13,31 @@ with the unused field null). ``admit`` then plays the kubelet that sees the bind
 Skipping the fit, as this stand-in once did, hid that kube-scheduler subtracts a pod's
 requests from allocatable: a plugin that also dropped held devices from allocatable (Akri
 #849's Unhealthy held vdevs) got counted twice and its node stopped taking pods.
+
+Like kube-scheduler, it schedules a pod as its own cache holds it, never reading it again:
+``create`` fills that cache, ``refresh`` plays the informer catching up. After a failed attempt
+it writes ``PodScheduled=False`` on the pod (a status patch, reason ``Unschedulable`` or
+``SchedulerError``, only when the condition changed), so the server's pod moves on and the
+cached one it sends next is stale, as kube-scheduler's often is. ``schedule`` retries a pod whose
+bind failed (kube-scheduler puts it back in its queue, with backoff) up to ``attempts`` cycles.
+Calling an extender over HTTPS it presents ``tls``, the fields of kube-scheduler's
+``tlsConfig`` (with ``enableHTTPS: true``), and checks the extender's certificate against
+``caFile``, or not at all without one, as kube-scheduler does.
+
+Skipping the re-read and the status write, as this stand-in once did, hid two bind-path bugs: an
+extender that binds the pod body it was sent, and a binder that retried a conflicting patch with
+the resourceVersion it already had.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
+import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -29,17 +46,55 @@ from agent.sharing.pods import EXTENDED, is_extended, is_finished, quantity, req
 from agent.sharing.policy import PolicyError
 
 
-def post(url: str, body: Any, raw: bytes | None = None, timeout: float = 10) -> tuple[int, Any]:
-    """(status, decoded body) of a JSON POST; a non-200 answer's body comes back as text."""
+def post(
+    url: str,
+    body: Any,
+    raw: bytes | None = None,
+    timeout: float = 10,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, Any]:
+    """(status, decoded body) of a JSON POST; a non-200 answer's body comes back as text.
+    ``context``: the TLS client side for an ``https://`` URL (``SchedulerTls.context``)."""
     data = raw if raw is not None else json.dumps(body).encode()
     request = urllib.request.Request(
         url, data=data, method="POST", headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class SchedulerTls:
+    """kube-scheduler's extender ``tlsConfig`` (file fields), with ``enableHTTPS: true``."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+    insecure: bool = False
+
+    def context(self) -> ssl.SSLContext:
+        """What kube-scheduler's transport does (pkg/scheduler/extender.go, makeTransport):
+        the client certificate when given; the server checked against ``ca_file``, and not
+        checked at all when there is none (enableHTTPS without a CA means insecure)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        if self.ca_file and not self.insecure:
+            context.load_verify_locations(cafile=self.ca_file)
+        else:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
+# The stand-in's pods name a scheduler of their own: a real kube-scheduler running against the
+# same API server (scripts/real-node's) then leaves them to the stand-in, as it leaves pods of
+# a second scheduler's profile.
+STAND_IN = "akri-site-stand-in"
 
 
 def filter_args(
@@ -58,7 +113,7 @@ def pod_body(name: str, requests: dict[str, int]) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "schedulerName": "default-scheduler",
+            "schedulerName": STAND_IN,
             "containers": [
                 {
                     "name": "main",
@@ -70,6 +125,51 @@ def pod_body(name: str, requests: dict[str, int]) -> dict[str, Any]:
     }
 
 
+def register_nodes(
+    core: client.CoreV1Api, names: list[str] | tuple[str, ...], labels: dict | None = None
+) -> list[str]:
+    """Node objects for ``names``, Ready, as their kubelets register them and the node
+    controller then finds them (kube-scheduler and the extender's bind know only nodes that
+    exist); the names created, for ``unregister_nodes``. A node that exists already is left as
+    it is. A real API server taints a new Node ``node.kubernetes.io/not-ready:NoSchedule``
+    (admission plugin TaintNodesByCondition) until the node controller sees it Ready; no
+    controller runs here, so the taint is lifted as it would."""
+    created = []
+    for name in names:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    **(labels or {}),
+                },
+            },
+        }
+        try:
+            core.create_node(body)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            continue
+        created.append(name)
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+        core.patch_node_status(name, {"status": {"conditions": [ready]}})
+        core.patch_node(name, {"spec": {"taints": None}})
+    return created
+
+
+def unregister_nodes(core: client.CoreV1Api, names: list[str]) -> None:
+    for name in names:
+        try:
+            core.delete_node(name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 @dataclass
 class Outcome:
     node: str  # "" when no node fits (the pod stays Pending)
@@ -78,6 +178,9 @@ class Outcome:
     filter_result: dict[str, Any] | None = None
     # The scheduler's own fit: node -> why it does not fit ("Insufficient akri.sh/x").
     unfit: dict[str, str] | None = None
+    # Scheduling cycles ``schedule`` ran (a failed bind is retried), and each failure's error.
+    attempts: int = 1
+    failures: list[str] = field(default_factory=list)
 
     def message(self, nodes: int) -> str:
         """The FailedScheduling event kube-scheduler writes: "0/N nodes are available: ..."."""
@@ -100,6 +203,10 @@ class MiniScheduler:
         url: str | None,
         kubelets: dict,
         ignored_by_scheduler: frozenset[str] | set[str] = frozenset(),
+        *,
+        tls: SchedulerTls | None = None,
+        attempts: int = 3,
+        backoff: float = 0.05,
     ) -> None:
         self.core = core
         self.namespace = namespace
@@ -107,12 +214,39 @@ class MiniScheduler:
         self.kubelets = kubelets  # node name -> KubeletSimulator (None: read the Node object)
         # managedResources[].ignoredByScheduler: the fit leaves these to the extender.
         self.ignored = frozenset(ignored_by_scheduler)
+        self.context = tls.context() if tls is not None else None
+        # Scheduling cycles per schedule(), and the pause before a retry (kube-scheduler backs
+        # off 1 s doubling to 10 s; tests need no such wait).
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        # The scheduler's pod cache, by uid: what it sends, whatever the server has now.
+        self.cache: dict[str, dict[str, Any]] = {}
+        # uid -> the PodScheduled condition last written (reason, message): kube-scheduler
+        # writes it only when it changed.
+        self._conditions: dict[str, tuple[str, str]] = {}
 
     def create(self, name: str, requests: dict[str, int]) -> dict[str, Any]:
-        """Create the pod and read it back: the full v1.Pod JSON the scheduler would send."""
+        """Create the pod and read it back: the full v1.Pod JSON the scheduler would send, as
+        its cache holds it from now on."""
         self.core.create_namespaced_pod(self.namespace, pod_body(name, requests))
-        response = self.core.read_namespaced_pod(name, self.namespace, _preload_content=False)
-        return json.loads(response.data)
+        return self.refresh({"metadata": {"name": name, "namespace": self.namespace}})
+
+    def refresh(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The informer catching up: the pod as the server has it now, into the cache."""
+        meta = pod["metadata"]
+        response = self.core.read_namespaced_pod(
+            meta["name"], meta.get("namespace") or self.namespace, _preload_content=False
+        )
+        fresh = json.loads(response.data)
+        self.cache[fresh["metadata"]["uid"]] = fresh
+        return fresh
+
+    def cached(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """``pod`` as the cache holds it (the caller's copy for a pod the cache never saw)."""
+        return self.cache.get((pod.get("metadata") or {}).get("uid", ""), pod)
+
+    def _post(self, verb: str, body: Any) -> tuple[int, Any]:
+        return post(f"{self.url}/{verb}", body, context=self.context)
 
     # --- NodeResourcesFit ----------------------------------------------------------------------
 
@@ -192,14 +326,50 @@ class MiniScheduler:
     def bind_best(
         self, pod: dict[str, Any], snapshot: dict[str, dict[str, int]] | None = None
     ) -> Outcome:
-        """Fit, filter, prioritize and bind; the node bound to, or "" with the reasons. With a
-        ``snapshot`` (see ``snapshot``) the fit reads it and the bound pod is added to it."""
+        """One scheduling cycle of the pod as cached: fit, filter, prioritize and bind; the
+        node bound to, or "" with the reasons, which are then written on the pod as its
+        ``PodScheduled=False`` condition. With a ``snapshot`` (see ``snapshot``) the fit reads
+        it and the bound pod is added to it."""
+        pod = self.cached(pod)
         outcome = self._bind_best(pod, snapshot)
         if outcome.node and snapshot is not None:
             used = snapshot.setdefault(outcome.node, {})
             for name, count in requests_of(pod, EXTENDED).items():
                 used[name] = used.get(name, 0) + count
+        if not outcome.node:
+            self._failed(pod, outcome)
         return outcome
+
+    def _failed(self, pod: dict[str, Any], outcome: Outcome) -> None:
+        """kube-scheduler's failure handler: the PodScheduled condition says why, written
+        with a status patch (no resourceVersion: the scheduler's write wins) when it changed.
+        The cache keeps the pod it had: the informer shows the write later."""
+        if outcome.error:
+            reason, message = "SchedulerError", outcome.error
+        else:
+            reason, message = "Unschedulable", outcome.message(len(self.kubelets))
+        uid = pod["metadata"]["uid"]
+        if self._conditions.get(uid) == (reason, message):
+            return
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": reason,
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": now,
+        }
+        meta = pod["metadata"]
+        try:
+            self.core.patch_namespaced_pod_status(
+                meta["name"], meta["namespace"], {"status": {"conditions": [condition]}}
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:  # a pod deleted meanwhile has nothing to say
+                raise
+            return
+        self._conditions[uid] = (reason, message)
 
     def _bind_best(self, pod: dict[str, Any], snapshot: dict | None) -> Outcome:
         nodes, unfit = self.fit(pod, sorted(self.kubelets), snapshot)
@@ -207,13 +377,13 @@ class MiniScheduler:
             return Outcome("", unfit=unfit)
         if self.url is None:
             return self._bind_alone(pod, nodes[0], unfit)
-        status, result = post(self.url + "/filter", filter_args(pod, nodes))
+        status, result = self._post("filter", filter_args(pod, nodes))
         if status != 200 or result["Error"]:
             return Outcome("", error=f"filter failed: {status} {result}", unfit=unfit)
         fits = result["NodeNames"] or []
         if not fits:
             return Outcome("", filter_result=result, unfit=unfit)
-        _, scores = post(self.url + "/prioritize", filter_args(pod, fits))
+        _, scores = self._post("prioritize", filter_args(pod, fits))
         order = {name: i for i, name in enumerate(fits)}
         best = max(
             scores or [{"Host": fits[0], "Score": 0}], key=lambda s: (s["Score"], -order[s["Host"]])
@@ -225,7 +395,7 @@ class MiniScheduler:
             "PodUID": meta["uid"],
             "Node": best["Host"],
         }
-        status, bound = post(self.url + "/bind", bind)
+        status, bound = self._post("bind", bind)
         if status != 200 or bound["Error"]:
             return Outcome(
                 "", error=f"bind failed: {status} {bound}", filter_result=result, unfit=unfit
@@ -249,9 +419,19 @@ class MiniScheduler:
         return Outcome(node, unfit=unfit)
 
     def schedule(self, pod: dict[str, Any], admit: bool = True) -> Outcome:
-        outcome = self.bind_best(pod)
+        """Schedule the pod as cached; a failed bind (an error, not "no node fits") is
+        retried, as kube-scheduler requeues the pod, up to ``attempts`` cycles in all.
+        ``admit``: the kubelet of the node then admits it."""
+        failures: list[str] = []
+        for attempt in range(1, self.attempts + 1):
+            outcome = self.bind_best(pod)
+            outcome.attempts, outcome.failures = attempt, failures
+            if outcome.node or not outcome.error or attempt == self.attempts:
+                break
+            failures.append(outcome.error)
+            time.sleep(self.backoff * 2 ** (attempt - 1))
         if outcome.node and admit:
-            outcome.admitted, outcome.error = self.admit(pod, outcome.node)
+            outcome.admitted, outcome.error = self.admit(self.cached(pod), outcome.node)
         return outcome
 
     def admit(self, pod: dict[str, Any], node: str) -> tuple[bool, str]:
