@@ -155,6 +155,25 @@ class SlotAdmin(ReadOnlyAdmin):
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(RELEASE_PERMISSION)
 
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        # Django drops an action the user may not run without a word: a forged release is
+        # refused all the same, and audited like every manual action.
+        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        if (
+            request.method == "POST"
+            and request.POST.get("action") == "release_slots"
+            and not self.has_release_permission(request)
+            and _valid_selection(selected)
+        ):
+            reason = request.POST.get("reason", "").strip()[: release.REASON_MAX]
+            chosen = Slot.objects.filter(pk__in=selected[:RELEASE_MAX]).select_related("instance")
+            for slot in chosen:
+                target = f"{slot.instance.namespace}/{slot.instance.name}/{slot.key}"
+                release.audit_refusal(
+                    request.user, target, slot.value, reason, "needs the operator role"
+                )
+        return super().changelist_view(request, extra_context)
+
     def get_urls(self) -> list:
         urls = [
             path(

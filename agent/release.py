@@ -5,12 +5,18 @@ functions so that the rules cannot drift apart: the operator confirms the holder
 saw, the claim store releases only if the slot still holds it (a conditional write on the API
 server), and every attempt is audited whatever its outcome (the claim store audits what reached
 it, ``audit_refusal`` what never did).
+
+A release is not the end of the story: a slot whose pod still runs is claimed back at once by
+its node's agent (it never takes a device from a running pod). So after the write the slot is
+watched on the API server for a moment (``settle``), and the outcome says what it came to:
+released, or restored by node X because pod Y runs there.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +32,12 @@ RUNNING_PHASES = ("Running", "Pending")
 REASON_MAX = 1000
 # A release names each slot; beyond this many, the operator should narrow the selection.
 RELEASE_MAX = 200
+# How long a released slot is watched for its node's agent claiming it back: longer when its
+# pod was known to run (a restore is then expected: the demo's agents take 25 ms, a busy
+# node's a few hundred), briefly otherwise.
+SETTLE_SECONDS = 2.0
+SETTLE_IDLE_SECONDS = 0.5
+SETTLE_POLL_SECONDS = 0.05
 
 
 @dataclass
@@ -122,8 +134,16 @@ def release(
     from agent.kube import claims  # the claim store talks to the API server: load on use
 
     reason = reason.strip()[:REASON_MAX]
-    outcomes: dict[str, list[str]] = {"released": [], "free": [], "refused": [], "failed": []}
+    outcomes: dict[str, list[str]] = {
+        "released": [],
+        "restored": [],
+        "free": [],
+        "refused": [],
+        "failed": [],
+    }
     found = set()
+    released: list[ReleaseItem] = []
+    items = {item.slot.pk: item for item in release_items(slots)}
     for slot in slots.select_related("instance").order_by("instance__name", "index"):
         found.add(slot.pk)
         inst = slot.instance
@@ -148,11 +168,79 @@ def release(
             _audit(user, target, seen, reason, "failed", f"{type(exc).__name__}: {exc}")
             outcomes["failed"].append(f"{slot.key} ({type(exc).__name__}: {exc})")
         else:
-            outcomes["free" if result == "already free" else "released"].append(slot.key)
+            if result == "already free":
+                outcomes["free"].append(slot.key)
+            else:
+                released.append(items.get(slot.pk) or ReleaseItem(slot, "", "", None))
     for pk in sorted(set(wanted) - found):
         audit_refusal(user, f"slot #{pk}", "", reason, "slot no longer in the cache")
         outcomes["refused"].append(f"slot #{pk} (no longer in the cache)")
+    taken_back = settle(released) if released else {}
+    for item in released:
+        back = taken_back.get(item.slot.pk)
+        if back is None:
+            outcomes["released"].append(item.slot.key)
+        else:
+            outcomes["restored"].append(_restored_words(item, *back))
     return outcomes
+
+
+def holder_node(value: str) -> str:
+    """The node a ``deviceUsage`` value names: ``node`` or ``C:vdev:node``."""
+    return value.rsplit(":", 1)[-1] if value.startswith("C:") else value
+
+
+def _restored_words(item: ReleaseItem, value: str, after: float) -> str:
+    by = holder_node(value) or value
+    if by != holder_node(item.slot.value):
+        # Not the holder's node taking it back: the device went to someone else meanwhile.
+        return f"{item.slot.key} (taken by {by} {after:.2f} s later, for another pod)"
+    pod = f": pod {item.pod} still runs there" if item.pod else ""
+    return f"{item.slot.key} (restored by {by} {after:.2f} s later{pod})"
+
+
+def settle(
+    released: list[ReleaseItem],
+    *,
+    timeout: float | None = None,
+    read: Callable[[str, str], dict[str, Any]] | None = None,
+) -> dict[int, tuple[str, float]]:
+    """Watch the released slots on the API server: ``{slot id: (new value, seconds after)}``
+    for those claimed back within the window (``SETTLE_SECONDS`` when a holder pod was known
+    to run, else ``SETTLE_IDLE_SECONDS``); it ends early once every slot is taken back."""
+    if timeout is None:
+        running = any(item.pod_running for item in released)
+        timeout = SETTLE_SECONDS if running else SETTLE_IDLE_SECONDS
+    read = read or _read_instance
+    started = time.monotonic()
+    pending = {item.slot.pk: item.slot for item in released}
+    back: dict[int, tuple[str, float]] = {}
+    while pending:
+        instances = {(s.instance.namespace, s.instance.name) for s in pending.values()}
+        for namespace, name in sorted(instances):
+            try:
+                usage = read(namespace, name)["spec"].get("deviceUsage") or {}
+            except Exception as exc:  # the release stands; only its aftermath is unknown
+                log.info("release: cannot re-read %s/%s: %s", namespace, name, exc)
+                usage = None
+            for pk, slot in list(pending.items()):
+                if (slot.instance.namespace, slot.instance.name) != (namespace, name):
+                    continue
+                if usage is None:
+                    del pending[pk]  # reported as released: the write itself went through
+                elif usage.get(slot.key):
+                    back[pk] = (usage[slot.key], time.monotonic() - started)
+                    del pending[pk]
+        if not pending or time.monotonic() - started >= timeout:
+            break
+        time.sleep(SETTLE_POLL_SECONDS)
+    return back
+
+
+def _read_instance(namespace: str, name: str) -> dict[str, Any]:
+    from agent.kube import claims  # the API server: load on use, as ``release``
+
+    return claims._api_for(namespace).get_instance(name)
 
 
 def _short(names: list[str]) -> str:
@@ -169,6 +257,17 @@ def report(outcomes: Mapping[str, list[str]]) -> list[tuple[str, str]]:
             (
                 "success",
                 f"Released {n} slot{'s' if n != 1 else ''}: {_short(outcomes['released'])}.",
+            )
+        )
+    if outcomes.get("restored"):
+        said.append(
+            (
+                "warning",
+                "Released, but not free: taken again at once. A node's agent claims back the"
+                " slot of a pod that still runs there (it never takes a device from a running"
+                " pod): "
+                + _short(outcomes["restored"])
+                + ". To free the device, evict or delete the pod.",
             )
         )
     if outcomes["free"]:

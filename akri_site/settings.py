@@ -93,7 +93,16 @@ MIDDLEWARE = [
     "django.middleware.gzip.GZipMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files before anything that reads a session: a bad /static path is a plain 404.
-    *(["whitenoise.middleware.WhiteNoiseMiddleware"] if SERVE_STATIC else []),
+    # Its file responses iterate synchronously: under ASGI they are handed to Django as an
+    # asynchronous iterator (akri_site.dashboard.middleware), which Django otherwise warns about.
+    *(
+        [
+            "akri_site.dashboard.middleware.AsyncFileStreamMiddleware",
+            "whitenoise.middleware.WhiteNoiseMiddleware",
+        ]
+        if SERVE_STATIC
+        else []
+    ),
     "csp.middleware.CSPMiddleware",
     "akri_site.dashboard.middleware.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

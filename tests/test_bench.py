@@ -35,6 +35,7 @@ KEYS = {
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
     "history": {"server_ms", "rows", "points"},
+    "lists": {"configurations_ms", "instances_ms", "nodes_ms", "pods_ms", "brokers_ms", "max_ms"},
     "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
     "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},

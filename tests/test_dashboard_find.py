@@ -110,7 +110,8 @@ def test_a_viewer_sees_no_release_action_on_the_map_and_cannot_release(
     assert response.status_code == 403
     assert fake_release == []
     assert held_slot().value == "node-a"
-    assert not AuditEntry.objects.exists()
+    # Refused, and on the record like every manual action (issue 31).
+    assert AuditEntry.objects.get().outcome == "refused"
 
 
 def test_a_slot_changed_meanwhile_is_refused_on_the_map(login, cluster, monkeypatch):
@@ -128,7 +129,7 @@ def test_a_slot_changed_meanwhile_is_refused_on_the_map(login, cluster, monkeypa
 
     assert response.status_code == 302 and response["Location"] == "/slots/?node=node-a"
     said = text_of(client.get(response["Location"]))
-    assert "Refused: Not released, left as they are:" in said
+    assert "Warning: Not released, left as they are:" in said
     assert "changed meanwhile: now 'node-b'" in said
 
 

@@ -592,7 +592,9 @@ def test_a_viewer_sees_no_release_action_and_a_forged_post_changes_nothing(
     response = release(client, held_slot(), "node-a")
     assert fake_release == []
     assert held_slot().value == "node-a"
-    assert not AuditEntry.objects.exists()
+    # Refused, and audited as every manual action is, whatever its outcome (issue 31).
+    entry = AuditEntry.objects.get()
+    assert (entry.outcome, entry.target) == ("refused", f"default/{INSTANCE}/{INSTANCE}-0")
     assert all("Released" not in m for _, m in messages_of(response))
     assert client.get(f"/admin/agent/slot/{held_slot().pk}/release/").status_code == 403
 

@@ -96,6 +96,12 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_history",
         "the usage chart's data: 7 days of a 500-node cluster, one sample a minute",
     ),
+    "lists": (
+        "akri_site.dashboard.bench",
+        "bench_lists",
+        "each list page's first page (Configurations, Instances, nodes, pods, brokers) at "
+        "40,000 Instances",
+    ),
     # Queue charges (agent/queues).
     "charges": (
         "agent.queues.bench",

@@ -39,6 +39,14 @@ def instance_brokers(namespace: str, instance: str, configuration: str) -> dict[
     actions = last_actions(namespace, [(r.kind, r.name) for r in workloads + services])
     for row in workloads + services:
         row.last = actions.get((row.kind, row.name))
+    for row in workloads:
+        # A broker that does not run says why: its conditions and latest events, which only
+        # the API server has (read for these few, a few seconds' memory: the block polls).
+        row.why = None
+        if row.kind == Broker.Kind.POD and row.phase != "Running" and not row.deleting:
+            from akri_site.dashboard.podstatus import pod_status
+
+            row.why = pod_status(row.namespace, row.name)
     return {
         "brokers": workloads,
         "services": services,

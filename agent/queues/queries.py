@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count, Max, Min
 from django.utils import timezone
 
 from agent.charges.facts import AKRI, DRA, PodFacts
@@ -26,6 +27,11 @@ SOURCES = {
     "unused": "holds nothing",
 }
 REFUSALS_SHOWN = 20
+# The Queues page groups refusals (one pod re-created by its controller is refused every few
+# seconds: one row each buried the page): at most this many groups, and pods named per group.
+REFUSAL_GROUPS_SHOWN = 50
+REFUSAL_PODS_SHOWN = 5
+_REFUSAL_KEY = ("rule", "claim", "queue", "owner", "resource")
 CHART_QUEUES = 8  # lines in a chart: the largest queues; the rest are in the table
 
 
@@ -182,4 +188,39 @@ def history(start: datetime, end: datetime | None, queue: str = "") -> dict[str,
         # The chart spans the chosen range, not just the samples in it.
         "from": start.timestamp(),
         "to": (end or timezone.now()).timestamp(),
+    }
+
+
+def refusal_groups(start: datetime, end: datetime | None = None) -> dict[str, Any]:
+    """The webhook's refusals in [start, end), one group per rule, claim, queue (and owner and
+    kind of object): how many, first and last time, the latest message and the pods named,
+    newest group first."""
+    qs = Refusal.objects.filter(at__gte=start)
+    if end is not None:
+        qs = qs.filter(at__lt=end)
+    rows = list(
+        qs.values(*_REFUSAL_KEY)
+        .annotate(count=Count("id"), first=Min("at"), last=Max("at"))
+        .order_by("-last")[: REFUSAL_GROUPS_SHOWN + 1]
+    )
+    groups = []
+    for row in rows[:REFUSAL_GROUPS_SHOWN]:
+        members = qs.filter(**{k: row[k] for k in _REFUSAL_KEY})
+        latest = members.order_by("-at", "-id").values("message").first()
+        pods = members.values("namespace", "name").annotate(n=Count("id"), last=Max("at"))
+        named = list(pods.order_by("-last")[: REFUSAL_PODS_SHOWN + 1])
+        groups.append(
+            {
+                **row,
+                "message": latest["message"] if latest else "",
+                "pods": named[:REFUSAL_PODS_SHOWN],
+                "more_pods": pods.count() - REFUSAL_PODS_SHOWN
+                if len(named) > REFUSAL_PODS_SHOWN
+                else 0,
+            }
+        )
+    return {
+        "groups": groups,
+        "more_groups": len(rows) > REFUSAL_GROUPS_SHOWN,
+        "total": qs.count(),
     }

@@ -49,11 +49,19 @@ def queues(request: HttpRequest) -> HttpResponse:
     form, window = _range(request)
     errors = _errors(form)
     history = queries.history(window["start"], window["end"]) if window else None
+    refused = queries.refusal_groups(**window) if window else None
     return render(
         request,
         "queues/queues.html",
         _context(
-            request, form=form, errors=errors, history=history, **queries.overview(), **window
+            request,
+            form=form,
+            errors=errors,
+            history=history,
+            refused=refused,
+            live_feed=True,  # queues.js keeps the figures live over /ws/queues/
+            **queries.overview(),
+            **window,
         ),
         status=400 if errors else 200,
     )
@@ -72,7 +80,9 @@ def queue_detail(request: HttpRequest, queue: str) -> HttpResponse:
     return render(
         request,
         "queues/queue.html",
-        _context(request, form=form, errors=errors, history=history, **detail, **window),
+        _context(
+            request, form=form, errors=errors, history=history, live_feed=True, **detail, **window
+        ),
         status=400 if errors else 200,
     )
 

@@ -14,6 +14,12 @@ sockets carry on. Anonymous users and users without a role are refused before th
 completes (4403);
 so is everyone while the channel layer cannot be reached (1013: the page retries).
 
+Reconciliation runs are written by processes that do not publish to the channel layer (each
+node's agent, in its own database or this one; the cluster pass in a Celery worker), so the
+web process watches for them itself: one ``RunWatch`` per process polls the history every
+``RUN_POLL_SECONDS`` while a socket of a view that shows runs (the overview, the history, a
+run, the audit log) is open, and sends what is new or changed to those sockets as a delta.
+
 An open socket does not outlive what let it in: the user is checked again before every frame
 from the browser is answered and every ``AKRI_WS_RECHECK_SECONDS`` (the session still exists
 and still names an active user with a role). The socket is closed with 4401 when the session
@@ -27,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from importlib import import_module
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +45,7 @@ from django.conf import settings
 from django.contrib.auth import get_user
 from django.core.paginator import Paginator
 from django.db import DatabaseError
+from django.db.models import Q
 from django.utils import timezone
 
 from agent.metrics import WEBSOCKET_CLIENTS
@@ -57,6 +65,87 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_UNAVAILABLE = 1013  # "try again later": the channel layer cannot be reached
 MAX_FRAME = 16 * 1024
 SNAPSHOT_RUNS = 20
+
+
+# Views whose pages show reconciliation runs (the overview's last run, the history, a run).
+RUN_VIEWS = ("overview", "runs")
+RUN_POLL_SECONDS = 2.0
+# A run row is written when it starts and again when it finishes: rows seen this recently are
+# read again, and sent again when their counts changed.
+RUN_RECENT_SECONDS = 180.0
+RUN_POLL_LIMIT = 200
+
+
+class RunWatch:
+    """This process's watch on the reconciliation history, for its live sockets.
+
+    One query every ``RUN_POLL_SECONDS`` while at least one socket listens (none otherwise),
+    whatever the number of sockets: the new rows, and the recent ones again. A process that
+    publishes a run itself (``live.publish_run``) may send it twice; the page replaces a run's
+    row by id, so that is harmless.
+    """
+
+    def __init__(self, interval: float = RUN_POLL_SECONDS) -> None:
+        self.interval = interval
+        self.sockets: set[LiveConsumer] = set()
+        self.task: asyncio.Task | None = None
+        self.last_id: int | None = None
+        self.recent: dict[int, tuple[float, tuple]] = {}  # id -> (seen at, fingerprint)
+
+    def join(self, socket: LiveConsumer) -> None:
+        self.sockets.add(socket)
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            # (A task of another loop: one the tests' communicators left behind.)
+            self.task = loop.create_task(self._run())
+
+    def leave(self, socket: LiveConsumer) -> None:
+        self.sockets.discard(socket)
+        if not self.sockets and self.task is not None:
+            self.task.cancel()
+            self.task = None
+            self.last_id = None  # a later socket starts from its own snapshot
+            self.recent.clear()
+
+    async def _run(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                try:
+                    rows = await database_sync_to_async(self.poll)()
+                except DatabaseError as exc:
+                    log.warning("live: cannot read the reconciliation history now: %s", exc)
+                    rows = []
+                for socket in list(self.sockets) if rows else ():
+                    with contextlib.suppress(Exception):  # a socket closing meanwhile
+                        await socket.runs_changed(rows)
+                await asyncio.sleep(self.interval)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The runs new since the last poll or changed since seen, oldest first."""
+        now = time.monotonic()
+        if self.last_id is None:
+            # The sockets' snapshots carry the latest runs; the newest are read again on the
+            # next poll (unknown fingerprints), so that one written meanwhile is not missed.
+            newest = list(ReconcileRun.objects.order_by("-id").values_list("id", flat=True)[:20])
+            self.last_id = newest[0] if newest else 0
+            self.recent = {pk: (now, ()) for pk in newest}
+            return []
+        self.recent = {k: v for k, v in self.recent.items() if now - v[0] < RUN_RECENT_SECONDS}
+        qs = ReconcileRun.objects.filter(Q(pk__gt=self.last_id) | Q(pk__in=list(self.recent)))
+        rows = queries.runs(qs.order_by("-id")[:RUN_POLL_LIMIT])
+        changed = []
+        for row in reversed(rows):
+            fingerprint = tuple(row[k] for k in queries.RUN_FIELDS)
+            seen = self.recent.get(row["id"])
+            if seen is None or seen[1] != fingerprint:
+                changed.append(row)
+            self.recent[row["id"]] = (seen[0] if seen else now, fingerprint)
+            self.last_id = max(self.last_id, row["id"])
+        changed.sort(key=lambda r: (r["started_at"] or "", r["id"]))
+        return changed
+
+
+RUN_WATCH = RunWatch()
 
 
 class BadFrame(Exception):
@@ -220,6 +309,7 @@ class LiveConsumer(SessionRecheck, AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         self.stop_rechecks()
+        RUN_WATCH.leave(self)
         if self.joined:
             self.joined = False
             WEBSOCKET_CLIENTS.dec()
@@ -277,6 +367,15 @@ class LiveConsumer(SessionRecheck, AsyncJsonWebsocketConsumer):
             content.get("view"), content.get("filters", {})
         )
         await self._send_snapshot()
+        if self.view in RUN_VIEWS:
+            RUN_WATCH.join(self)
+        else:
+            RUN_WATCH.leave(self)
+
+    async def runs_changed(self, runs: list[dict[str, Any]]) -> None:
+        """New or changed reconciliation runs, from this process's ``RunWatch``."""
+        if not self.shut:
+            await self.live_delta({"runs": runs, "at": iso(timezone.now())})
 
     async def _send_snapshot(self) -> None:
         snapshot = database_sync_to_async(_snapshot)

@@ -10,16 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from django.db.models import Q
+from django.db.models import Count, Max, Min, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from agent.models import Configuration, Instance, Pod, Slot, SlotEvent, SlotPodBinding
-from agent.queues.models import Charge, InstanceLabels, QueuePod
+from agent.queues.models import Charge, InstanceLabels, QueuePod, Refusal
 from agent.scheduling.models import PodVerdict
-from akri_site.dashboard import queries
+from akri_site.dashboard import podstatus, queries
 from akri_site.dashboard.access import can_release, viewer_required
 from akri_site.dashboard.forms import known_nodes
 from akri_site.dashboard.views import _render
@@ -176,7 +176,18 @@ def pod_detail(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     events = queries.recent_events(SlotEvent.objects.filter(pod=key))
     queue_pod = QueuePod.objects.filter(namespace=namespace, name=name).first()
     verdict = PodVerdict.objects.filter(namespace=namespace, name=name).first()
-    if not (pod or slots or bindings or events or queue_pod or verdict):
+    # A pod the admission webhook refused was never created: the Queues page links here to say
+    # what was refused, and how often.
+    refused = Refusal.objects.filter(resource="pods", namespace=namespace, name=name)
+    refusals = list(
+        refused.values("rule", "claim", "queue", "owner")
+        .annotate(count=Count("id"), first=Min("at"), last=Max("at"))
+        .order_by("-last")[:20]
+    )
+    for group in refusals:
+        same = refused.filter(**{k: group[k] for k in ("rule", "claim", "queue", "owner")})
+        group["message"] = same.order_by("-at", "-id").values_list("message", flat=True)[0]
+    if not (pod or slots or bindings or events or queue_pod or verdict or refusals):
         raise Http404(f"No pod {key} is known: not in the pod cache, holding no slot.")
     return _render(
         request,
@@ -191,6 +202,9 @@ def pod_detail(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
         queue_pod=queue_pod,
         charges=_charges_of(key),
         verdict=verdict,
+        refusals=refusals,
+        # Conditions and events from the API server: why it is Pending, what happened to it.
+        live_status=podstatus.pod_status(namespace, name) if pod else None,
         can_release=can_release(request.user),
     )
 

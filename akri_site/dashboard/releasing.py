@@ -48,6 +48,10 @@ def map_url(back: str) -> str:
 @viewer_required
 def release_slot(request: HttpRequest, pk: int) -> HttpResponse:
     if not can_release(request.user):
+        if request.method == "POST":
+            # A forged form (the page offers no Release to this user): refused, and audited as
+            # every manual action is, whatever its outcome.
+            _audit_refused_post(request, pk)
         raise PermissionDenied("Releasing a slot needs the operator role.")
     back = map_url(request.POST.get("back") or request.GET.get("back") or "")
     if request.method == "POST":
@@ -59,7 +63,20 @@ def release_slot(request: HttpRequest, pk: int) -> HttpResponse:
         slot=slot,
         back=back,
         back_query=back.partition("?")[2],
+        settle_seconds=release.SETTLE_SECONDS,
         **release.confirmation(Slot.objects.filter(pk=slot.pk)),
+    )
+
+
+def _audit_refused_post(request: HttpRequest, pk: int) -> None:
+    slot = Slot.objects.filter(pk=pk).select_related("instance").first()
+    target = f"{slot.instance.namespace}/{slot.instance.name}/{slot.key}" if slot else f"slot #{pk}"
+    release.audit_refusal(
+        request.user,
+        target,
+        request.POST.get("expected", "")[:512],
+        request.POST.get("reason", "").strip()[: release.REASON_MAX],
+        "needs the operator role",
     )
 
 

@@ -277,6 +277,74 @@ INSTANCE_BINDINGS = Sorting(
 )
 
 
+# The list pages (issue 31). Configurations and nodes are few and sorted as built rows; the
+# others sort in SQL.
+CONFIGURATION_LIST = Sorting(
+    "sort",
+    {
+        "configuration": ("namespace", "name"),
+        "handler": ("discovery_handler", "name"),
+        "instances": ("instances",),
+        "capacity": ("capacity",),
+        **{k: (f"counts.{k}",) for k in ("total", "held", "free", "foreign")},
+    },
+    default="configuration",
+    desc_first=frozenset({"instances", "capacity", "total", "held", "free", "foreign"}),
+)
+INSTANCE_LIST = Sorting(
+    "sort",
+    {
+        "instance": ("namespace", "name"),
+        "configuration": ("configuration_name", "namespace", "name"),
+        "capacity": ("capacity",),
+        "shared": ("shared",),
+        "held": ("n_held",),
+        "free": ("n_free",),
+        "created": ("created_at",),
+    },
+    default="instance",
+    desc_first=frozenset({"capacity", "held", "free", "created"}),
+)
+NODE_LIST = Sorting(
+    "sort",
+    {
+        "node": ("name",),
+        "state": ("state", "name"),
+        "visible": ("visible",),
+        "il": ("held.IL",),
+        "cl": ("held.CL",),
+        "held": ("held.held",),
+        "pods": ("pods",),
+    },
+    default="node",
+    desc_first=frozenset({"visible", "il", "cl", "held", "pods"}),
+)
+POD_LIST = Sorting(
+    "sort",
+    {
+        "pod": ("namespace", "name"),
+        "phase": ("phase",),
+        "node": ("node_name",),
+        "updated": ("updated_at",),
+    },
+    default="pod",
+    desc_first=frozenset({"updated"}),
+)
+BROKER_LIST = Sorting(
+    "sort",
+    {
+        "broker": ("namespace", "name"),
+        "kind": ("kind",),
+        "configuration": ("configuration", "instance"),
+        "node": ("node",),
+        "phase": ("phase",),
+        "created": ("created_at",),
+    },
+    default="broker",
+    desc_first=frozenset({"created"}),
+)
+
+
 def sort_header(params: QueryDict, current: Sorted, key: str, label: str, css: str = "") -> str:
     """``<th>`` for one column: see the ``sort_th`` template tag."""
     table = current.table

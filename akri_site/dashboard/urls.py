@@ -1,15 +1,22 @@
 from django.urls import path
 
-from akri_site.dashboard import finding, releasing, scheduling, views
+from akri_site.dashboard import evicting, finding, lists, releasing, scheduling, views
 
 app_name = "dashboard"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("slots/", views.slot_map, name="slots"),
+    # A list per kind (issue 31); each object's own page is below.
+    path("configurations/", lists.configurations, name="configurations"),
+    path("instances/", lists.instances, name="instances"),
+    path("nodes/", lists.nodes, name="nodes"),
+    path("pods/", lists.pods, name="pods"),
+    path("brokers/", lists.brokers, name="brokers"),
     path("slots/<int:pk>/release/", releasing.release_slot, name="release"),
     path("search/", finding.search, name="search"),
     path("pods/<str:namespace>/<str:name>/", finding.pod_detail, name="pod"),
+    path("pods/<str:namespace>/<str:name>/evict/", evicting.evict_pod, name="evict"),
     path("instances/<str:namespace>/<str:name>/", views.instance_detail, name="instance"),
     path(
         "configurations/<str:namespace>/<str:name>/",

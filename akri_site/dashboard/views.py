@@ -163,6 +163,9 @@ def overview(request: HttpRequest) -> HttpResponse:
         "dashboard/overview.html",
         400 if "chart_errors" in chart else 200,
         live_view="overview",
+        # The socket's view too: counts and runs (consumers.RunWatch), no slot rows (it used to
+        # subscribe to the slot map's first page, which this page never shows).
+        live_query=_live_query("overview", {}),
         **chart,
         **queries.overview(),
     )

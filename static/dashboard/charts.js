@@ -52,6 +52,10 @@
   }
 
   function numbers(values) { return values.filter(function (v) { return v !== null; }); }
+  function latestIndex(values) {
+    for (var i = values.length - 1; i >= 0; i--) if (values[i] !== null && values[i] !== undefined) return i;
+    return -1;
+  }
 
   function summaryOf(kind, data) {
     if (kind === "usage") {
@@ -109,13 +113,21 @@
   function options(kind, holder, data) {
     var axis = { stroke: cssVar("--muted", "#666"), grid: { stroke: cssVar("--border", "#ddd"), width: 1 },
       ticks: { stroke: cssVar("--border", "#ddd"), width: 1 } };
-    var series = [{ label: "time (UTC)", value: function (u, v) { return v == null ? "—" : utc(v); } }];
+    // Without the cursor on the chart the legend shows each series' latest value (it said
+    // "no data" under lines that had data); on a gap under the cursor, "no sample".
+    var series = [{ label: "time (UTC)", value: function (u, v, s, idx) {
+      if (idx == null) { var i = latestIndex(u.data[1] || []); return i < 0 ? "—" : utc(u.data[0][i]) + " (latest)"; }
+      return v == null ? "—" : utc(v);
+    } }];
     SERIES[kind].forEach(function (d) {
       // Few values (a fresh history, or gaps): mark each one, or a lone sample draws nothing.
       var few = numbers(data[d.key]).length < 60;
       var s = { label: d.label, stroke: cssVar(d.color, "#333"), width: 2, spanGaps: false,
         points: { show: few, size: 6, fill: cssVar("--panel", "#fff") },
-        value: function (u, v) { return v == null ? "no data" : String(v); } };
+        value: function (u, v, sidx, idx) {
+          if (idx == null) { var i = latestIndex(u.data[sidx]); return i < 0 ? "no data" : u.data[sidx][i] + " (latest)"; }
+          return v == null ? "no sample" : String(v);
+        } };
       if (d.dash) s.dash = d.dash;
       series.push(s);
     });

@@ -3,19 +3,16 @@
 // The server renders every row; deltas carry the same rows as HTML fragments from the same
 // renderers (`html`: one <tr> by Instance key; `runs_html` by run id), swapped in place by
 // data attribute.
-// The mark in the header says, in words, whether what you see is live:
-//   "Live"             connected, and the cache's watchers synced recently;
-//   "Reconnecting…"    the socket dropped, retrying with exponential backoff;
-//   "Stale since HH:MM" disconnected for a while, or the cache itself stopped syncing.
+// The header's mark (static/dashboard/mark.js) says in words whether what you see is live:
+// this script reports to it what the socket hears, and the cache's own freshness (`sync`).
+// Pages without a live view never start a feed, and their mark stays "Not live".
 // Hidden tabs buffer deltas and retry slowly; the Refresh button reloads the page anyway.
 "use strict";
 (function () {
   var body = document.body;
   var view = body.dataset.liveView;
-  var mark = document.getElementById("live-mark");
   var notice = document.getElementById("live-notice");
 
-  var STALE_AFTER_MS = 15000;     // disconnected this long: stale, not merely reconnecting
   var PING_MS = 20000;            // heartbeat when visible
   var PING_HIDDEN_MS = 60000;     // and when the tab is hidden
   var MAX_BACKOFF_MS = 30000;
@@ -27,32 +24,24 @@
   var retryTimer = null;
   var pingTimer = null;
   var lastMessageAt = null;
-  var lostAt = null;
   var sync = null;
   var connectedOnce = false;
   var stopped = false;
   var pending = [];
   var overflowed = false;
+  var feed = null;           // akriMark's feed, on pages with a live view
 
   // ---- times (static/dashboard/times.js) -------------------------------------------------------
-  var clock = window.akriTimes.clock;
   var renderTimes = window.akriTimes.render;
-
-  // ---- the mark -----------------------------------------------------------------------------
-  function setMark(state, text) {
-    if (!mark) return;
-    // Only on change: the mark is an aria-live region, every write would be read out.
-    if (mark.dataset.state !== state) {
-      mark.dataset.state = state;
-      releaseActions(document);
-    }
-    if (mark.textContent !== text) mark.textContent = text;
-  }
 
   // ---- release actions ----------------------------------------------------------------------
   // While the page is stale what it shows may be wrong, so its Release links are disabled and
   // a notice says why; the server re-checks every release anyway (the value the operator saw).
-  function isStale() { return !!mark && mark.dataset.state === "stale"; }
+  function isStale() {
+    // A page whose feed stopped for good (signed out) says "Not live": its data is as old.
+    var state = window.akriMark.state();
+    return state === "stale" || (feed !== null && state === "static");
+  }
   function releaseActions(root) {
     var stale = isStale();
     var links = root.querySelectorAll("a[data-release]");
@@ -83,33 +72,21 @@
     });
     releaseActions(row);
   }
-  function updateMark() {
-    if (stopped) return;
-    var now = Date.now();
-    if (!ws || ws.readyState !== WebSocket.OPEN) {
-      if (lostAt !== null && now - lostAt > STALE_AFTER_MS) {
-        setMark("stale", "Stale since " + clock(new Date(lastMessageAt || lostAt), false));
-      } else {
-        setMark(connectedOnce ? "reconnecting" : "connecting", connectedOnce ? "Reconnecting…" : "Connecting…");
-      }
-      return;
-    }
-    if (sync && sync.stale && sync.stale.length) {
-      var since = sync.stale_since ? clock(new Date(sync.stale_since), false) : null;
-      setMark("stale", since ? "Stale since " + since + " (cache not syncing)" : "Stale: cache never synced");
-      return;
-    }
-    if (sync && sync.watchers === 0) {
-      setMark("stale", "Stale: cache never synced");
-      return;
-    }
-    if (sync && sync.syncing && sync.syncing.length) {
+  // What the cache says of itself (``queries.sync_status``), for the mark.
+  function reportSync() {
+    if (!feed || !sync) return;
+    var problem = null, partial = null;
+    if (sync.stale && sync.stale.length) {
+      problem = sync.stale_since ? { since: new Date(sync.stale_since), why: "cache not syncing" }
+                                 : { since: null, why: "cache never synced" };
+    } else if (sync.watchers === 0) {
+      problem = { since: null, why: "cache never synced" };
+    } else if (sync.syncing && sync.syncing.length) {
       // A relist is being written page by page: live, but the counts are not whole yet.
       var kinds = sync.syncing.map(function (w) { return w.kind.split("/").pop(); });
-      setMark("syncing", "Live, syncing " + kinds.join(", ") + ": counts partial");
-      return;
+      partial = "syncing " + kinds.join(", ");
     }
-    setMark("live", "Live");
+    feed.cache(problem, partial);
   }
 
   function showNotice(text, withRefresh) {
@@ -320,7 +297,7 @@
     if (snapshot && msg.truncated && connectedOnce) {
       showNotice("Reconnected. Changes made while offline may be missing from this long page.", true);
     }
-    updateMark();
+    reportSync();
   }
 
   function handle(msg) {
@@ -340,7 +317,7 @@
         break;
       case "pong":
         sync = msg.sync;
-        updateMark();
+        reportSync();
         break;
       case "error":
         showNotice("Live updates stopped: " + msg.error, true);
@@ -392,13 +369,13 @@
     ws = socket;
     socket.addEventListener("open", function () {
       attempt = 0;
-      lostAt = null;
       lastMessageAt = Date.now();
       heartbeat();
-      updateMark();
+      feed.opened();
     });
     socket.addEventListener("message", function (event) {
       lastMessageAt = Date.now();
+      feed.heard();
       var msg;
       try { msg = JSON.parse(event.data); } catch (e) { return; }
       handle(msg);
@@ -407,20 +384,19 @@
       if (ws !== socket) return;
       ws = null;
       clearTimeout(pingTimer);
-      if (lostAt === null) lostAt = Date.now();
       if (event.code === 4401 || event.code === 4403) {
         // Signed out or role removed: a new socket would be refused; the page must reload.
         stopped = true;
-        setMark("stale", "Not live: " + (event.reason || "signed out") + " (reload the page)");
+        feed.stop((event.reason || "signed out") + " (reload the page)");
         return;
       }
       if (event.code === 4400) {
         // The server refused what this page sent; retrying would be refused the same way.
         stopped = true;
-        setMark("stale", "Not live: " + (event.reason || "refused by the server"));
+        feed.stop(event.reason || "refused by the server");
         return;
       }
-      updateMark();
+      feed.lost();
       scheduleReconnect();
     });
   }
@@ -439,11 +415,13 @@
     if (refresh) refresh.addEventListener("click", function () { location.reload(); });
     renderTimes(document);
     document.addEventListener("akri:times", function () { renderTimes(document); });
+    // Ages ("3 min ago") move on; the mark is mark.js's business, and stays untouched here.
     setInterval(function () {
       if (!document.hidden) renderTimes(document);
-      updateMark();
     }, 5000);
     if (!view || !("WebSocket" in window)) return;
+    feed = window.akriMark.feed();
+    window.akriMark.onChange(function () { releaseActions(document); });
     document.addEventListener("visibilitychange", function () {
       if (document.hidden) return;
       flushPending();

@@ -6,6 +6,7 @@
 //   plain           "2026-11-24 10:31:05 CET"              (age in the title)
 //   data-ago        "2026-11-24 10:31:05 CET (3 min ago)"
 //   data-relative   "3 min ago"                             (absolute time in the title)
+//   data-clock      "10:31:05 CET"                          (time of day; the live mark's)
 // Live code calls akriTimes.render(element) on what it inserts; live.js re-renders every 5 s.
 "use strict";
 (function () {
@@ -54,6 +55,9 @@
       if (el.hasAttribute("data-relative")) {
         text = ago(d);
         title = format(d);
+      } else if (el.hasAttribute("data-clock")) {
+        text = clock(d, true);
+        title = format(d) + " (" + ago(d) + ")";
       } else {
         text = el.hasAttribute("data-ago") ? format(d) + " (" + ago(d) + ")" : format(d);
         title = utc() ? ago(d) : format(d, true) + " (" + ago(d) + ")";

@@ -1,9 +1,11 @@
-"""The main job on the embedded default: a cluster in a box, in one process.
+"""The main job on the embedded default: a cluster in a box.
 
-API-server simulator, three nodes each with an agent and a kubelet simulator, a shared debugEcho
-Configuration (capacity 2) and a Configuration-level one, a workload generator, the controller,
-cluster reconciliation on a timer, and the dashboard under Daphne. Prints the URL and a login
-once the dashboard listens; the console stays quiet (see ``agent.demo_support``).
+One process holds the API-server simulator, three nodes each with an agent and a kubelet
+simulator, a shared debugEcho Configuration (capacity 2) and a Configuration-level one, a
+workload generator, the controller and cluster reconciliation on a timer; the dashboard is
+served by uvicorn worker processes (one per core) over a private redis-server
+(``akri_site.webserve.serve_demo``). Prints the URL and a login once the dashboard listens;
+the console stays quiet (see ``agent.demo_support``).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def ensure_user(
 
 class Command(BaseCommand):
     help = (
-        "Run akri-site on a simulated cluster in one process: an API-server simulator, NODES "
-        "nodes each with an agent and a kubelet simulator, a workload generator, the controller "
-        "and the dashboard. Prints the dashboard URL and a login once the dashboard listens."
+        "Run akri-site on a simulated cluster on this machine: one process holds an API-server "
+        "simulator, NODES nodes each with an agent and a kubelet simulator, a workload "
+        "generator and the controller; the dashboard is served by one web worker per core "
+        "(sharing a private redis-server when one is installed). Prints the dashboard URL and "
+        "a login once the dashboard listens."
     )
     # Django's own options (--settings, --verbosity, ...) mean nothing to a demo user.
     suppressed_base_arguments = {
@@ -64,6 +68,12 @@ class Command(BaseCommand):
         "--force-color",
         "--skip-checks",
     }
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        # People start it as scripts/demo (which runs manage.py demo): --help says so.
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.prog = "scripts/demo"
+        return parser
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -116,6 +126,11 @@ class Command(BaseCommand):
         quiet = quiet_console(options["verbose"])
         forget_previous_cluster()
         password = self._demo_users(options["password"], options["reset_password"])
+        # One controller and one timer of cluster passes, both in this process: nothing
+        # campaigns for a Lease, and the dashboard's Leaders card (the web workers read the
+        # environment) says election is off rather than "unknown".
+        os.environ["AKRI_LEADER_ELECTION"] = "false"
+        settings.LEADER_ELECTION["ENABLED"] = False
         if "AKRI_USAGE_SAMPLE_SECONDS" not in os.environ:
             # The charts move within the first minute (a minute's row is replaced, not added).
             settings.AKRI["USAGE_SAMPLE_SECONDS"] = 15.0
@@ -135,7 +150,7 @@ class Command(BaseCommand):
         announce = (host, port, cluster, password, quiet, stop, listening)
         threading.Thread(target=self._announce, args=announce, daemon=True).start()
         try:
-            self._serve(host, port)
+            self._serve(host, port, quiet)
         finally:
             stop.set()
             if quiet:  # the cluster's shutdown chatter is ours, not news
@@ -210,11 +225,15 @@ class Command(BaseCommand):
             f"{console} Ctrl-C stops.\n"
         )
 
-    def _serve(self, host: str, port: int) -> None:
+    def _serve(self, host: str, port: int, quiet: bool) -> None:
         from akri_site.webserve import serve_demo
 
         # Web workers are separate processes: they reach the simulated API server this way.
         os.environ["KUBECONFIG"] = settings.AKRI["KUBECONFIG"]
+        if quiet:
+            # ... and read their log level from it (not this process's quiet settings): errors
+            # only, so a visitor's 404 or the two lines a websocket costs stay off the console.
+            os.environ["LOG_LEVEL"] = "ERROR"
         serve_demo(host, port)
 
     def _cluster_reconcile(self, stop: threading.Event) -> None:

@@ -34,13 +34,14 @@ def _moment(value: str | datetime | None) -> datetime | None:
     return parse_datetime(value)
 
 
-_WHEN_STYLES = {"": "", "ago": " data-ago", "relative": " data-relative"}
+_WHEN_STYLES = {"": "", "ago": " data-ago", "relative": " data-relative", "clock": " data-clock"}
 
 
 @register.filter
 def when(value: str | datetime | None, style: str = "") -> SafeString | str:
     """``<time datetime="2026-11-24T09:31:05Z">2026-11-24 09:31:05 UTC</time>``; ``—`` when
-    missing. ``style``: ``""`` (absolute), ``"ago"`` (absolute and age), ``"relative"`` (age)."""
+    missing. ``style``: ``""`` (absolute), ``"ago"`` (absolute and age), ``"relative"`` (age),
+    ``"clock"`` (the time of day, ``09:31:05 UTC``: the live mark's "loaded at")."""
     moment = _moment(value)
     if moment is None:
         return "—"
@@ -49,6 +50,8 @@ def when(value: str | datetime | None, style: str = "") -> SafeString | str:
     absolute = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
     if style == "relative":
         text = ago(moment)
+    elif style == "clock":
+        text = moment.strftime("%H:%M:%S UTC")
     elif style == "ago":
         text = f"{absolute} ({ago(moment)})"
     else:
@@ -59,9 +62,9 @@ def when(value: str | datetime | None, style: str = "") -> SafeString | str:
 
 
 @register.simple_tag
-def now_when() -> SafeString | str:
+def now_when(style: str = "") -> SafeString | str:
     """The current time as ``|when`` renders it ("loaded at", "read at")."""
-    return when(timezone.now())
+    return when(timezone.now(), style)
 
 
 @register.filter
@@ -136,3 +139,12 @@ def sort_choices(context: Any, current: Any) -> list[dict[str, Any]]:
 def nodes_text(nodes: list[str]) -> SafeString:
     """An Instance's nodes as the slot map writes them: three named, then how many more."""
     return mark_safe(fragments.nodes_text(list(nodes or [])))  # each name is escaped
+
+
+@register.simple_tag
+def user_role(user: Any) -> str | None:
+    """The user's dashboard role (``{% user_role user as role %}``): pages rendered outside the
+    views (403, 404) have no ``role`` in their context."""
+    from akri_site.dashboard.access import role_of
+
+    return role_of(user)
