@@ -569,6 +569,46 @@ def web_requests(kube, rec: Recorder, monkeypatch) -> None:
         assert len(status.leaders()) == 2
     finally:
         status.forget()
+    web_pod_page(kube, rec, monkeypatch)
+
+
+def web_pod_page(kube, rec: Recorder, monkeypatch) -> None:
+    """A pod's page: its conditions and events, read from the API server."""
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from agent.controller import apply_pod
+    from akri_site.dashboard import podstatus
+
+    monkeypatch.setattr(podstatus, "_apis", {})
+    podstatus.forget()
+    work = kube.create_namespace()
+    core = client.CoreV1Api(kube.api_client)
+    asked = {"akri.sh/cams": "1"}
+    created = core.create_namespaced_pod(
+        work,
+        {
+            "metadata": {"name": "waiting"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "resources": {"requests": asked, "limits": asked},
+                    }
+                ]
+            },
+        },
+    )
+    apply_pod(kube.api_client.sanitize_for_serialization(created))
+    viewer = User.objects.create_user("rbac-viewer")
+    viewer.groups.add(Group.objects.get(name="viewer"))
+    browser = Client()
+    browser.force_login(viewer)
+    page = browser.get(f"/pods/{work}/waiting/")
+    assert page.status_code == 200
+    assert b"the API server answered" not in page.content
+    podstatus.forget()
 
 
 def extender_scheduling(kube, rec: Recorder, monkeypatch) -> None:
