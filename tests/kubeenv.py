@@ -13,7 +13,8 @@ Register with `pytest_plugins = ["tests.kubeenv"]` (in tests/conftest.py).
   that would. Cluster-scoped objects a test creates (Nodes, ...) are the test's to clean up.
 
 Fixtures: `kube` (function scope, a `KubeEnv`) and `apiserver` (session scope, the raw simulator
-for simulator-only tests; always a simulator, also when a real server is configured).
+for simulator-only tests; always a simulator, also when a real server is configured). A test
+that uses `kube` gets the `kube` marker too, so that `-m kube` selects it.
 """
 
 from __future__ import annotations
@@ -149,9 +150,11 @@ def _empty(resource: Any, namespace: str) -> None:
     """Delete every object of one type in `namespace` (pods at once, as their kubelet would)."""
     options = {"gracePeriodSeconds": 0, "propagationPolicy": "Background"}
     if "deletecollection" in (resource.verbs or ()):
-        # The dynamic client wants a selector for a collection; this one selects everything.
-        everything = f"metadata.namespace={namespace}"
-        resource.delete(namespace=namespace, body=options, field_selector=everything)
+        # A DELETE on the collection without a selector: the dynamic client's delete() insists
+        # on one, and not every type takes a field selector on metadata.namespace (1.37's
+        # podcertificaterequests refuse it). What it leaves, the loop below deletes.
+        with contextlib.suppress(client.ApiException):
+            resource.client.request("delete", resource.path(namespace=namespace), body=options)
     for obj in resource.get(namespace=namespace).items:
         meta = obj.metadata
         if meta.finalizers:
@@ -220,6 +223,14 @@ def restore_simulator(sim: ApiServerSimulator) -> None:
     sim.set_watch_cap(SIM_WATCH_CAP)
     sim.reset()
     sim.request_log.clear()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the `kube` fixture is a `kube` test, marked or not, so that
+    `-m kube` runs all of them against AKRI_TEST_KUBECONFIG's server."""
+    for item in items:
+        if "kube" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("kube"):
+            item.add_marker(pytest.mark.kube)
 
 
 @pytest.fixture(scope="session")

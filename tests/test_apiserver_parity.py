@@ -2,8 +2,8 @@
 
 Each test runs against the simulator by default and against a real server when
 AKRI_TEST_KUBECONFIG is set (see tests/kubeenv.py); messages were taken from kube-apiserver
-v1.20. Pod deletion, the Akri CRDs' schemas (validation, defaulting, pruning, nulls) and
-namespaces that must exist.
+v1.37 (scripts/real-apiserver). Pod deletion, the Akri CRDs' schemas (validation, defaulting,
+pruning, nulls) and namespaces that must exist.
 """
 
 from __future__ import annotations
@@ -151,17 +151,17 @@ def test_objects_in_a_namespace_that_does_not_exist_are_404(kube, core, co):
         ("configurations", configuration("c", capacity=2000),
          "spec.capacity: Invalid value: 2000: spec.capacity in body should be less than or "
          "equal to 1024"),
-        ("configurations", configuration("c", capacity=1.5),
-         'spec.capacity: Invalid value: "number": spec.capacity in body must be of type '
-         'integer: "number"'),
         ("configurations", dict(configuration("c"), spec={"discoveryHandler": {"name": ""}}),
          'spec.discoveryHandler.name: Invalid value: "": spec.discoveryHandler.name in body '
          "should be at least 1 chars long"),
         ("configurations", dict(configuration("c"), spec={"discoveryHandler": {
-            "name": "x", "discoveryProperties": [{"name": "1bad", "value": "v"}]}}),
-         'spec.discoveryHandler.discoveryProperties.name: Invalid value: "1bad": '
-         "spec.discoveryHandler.discoveryProperties.name in body should match "
+            "name": "x", "discoveryProperties": [{"name": "ok"}, {"name": "1bad", "value": "v"}]}}),
+         'spec.discoveryHandler.discoveryProperties[1].name: Invalid value: "1bad": '
+         "spec.discoveryHandler.discoveryProperties[1].name in body should match "
          "'^[_A-Za-z][_A-Za-z0-9]*$'"),
+        ("configurations", dict(configuration("c"), spec={"discoveryHandler": {
+            "name": "x", "discoveryProperties": [{"value": "v"}]}}),
+         "spec.discoveryHandler.discoveryProperties[0].name: Required value"),
         ("configurations", configuration("c", brokerSpec={"brokerPodSpec": {}, "brokerJobSpec": {}}),
          '<nil>: Invalid value: "": "spec.brokerSpec" must validate one and only one schema '
          "(oneOf). Found 2 valid alternatives"),
@@ -191,6 +191,26 @@ def test_a_custom_resource_its_schema_refuses_is_422_with_the_real_message(
         k: answer["details"]["causes"][0][k] for k in ("field", "message")
     }
     assert co.list_namespaced_custom_object(GROUP, VERSION, kube.namespace, kind)["items"] == []
+
+
+def test_a_fraction_for_an_integer_fails_its_type_and_the_integer_format(kube, co):
+    # Current servers report both (kube-apiserver 1.20 reported the type alone).
+    status, answer = failure(
+        co.create_namespaced_custom_object, GROUP, VERSION, kube.namespace, "configurations",
+        configuration("c", capacity=1.5),
+    )  # fmt: skip
+
+    causes = [
+        ("FieldValueTypeInvalid", "spec.capacity",
+         'Invalid value: "number": spec.capacity in body must be of type integer: "number"'),
+        ("FieldValueInvalid", "<nil>",
+         'Invalid value: "": Checked value must be of type integer (default format) in '
+         "spec.capacity"),
+    ]  # fmt: skip
+    assert status == 422
+    listed = ", ".join(f"{field}: {message}" for _, field, message in causes)
+    assert answer["message"] == f'Configuration.akri.sh "c" is invalid: [{listed}]'
+    assert [(c["reason"], c["field"], c["message"]) for c in answer["details"]["causes"]] == causes
 
 
 def test_several_problems_are_listed_together(kube, co):

@@ -24,6 +24,8 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -31,6 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,11 +147,16 @@ class BenchDatabase:
         default = settings.DATABASES["default"]
         self.postgres = default["ENGINE"].endswith("postgresql")
         self.tag = f"scale_{uuid.uuid4().hex[:8]}"
-        self.redis_url = _bench_redis()
+        self._redis = contextlib.ExitStack()
+        self.redis_url = self._redis.enter_context(_private_redis())
         if self.postgres:
             self.admin = dict(default)
             self.url = os.environ["DATABASE_URL"].rsplit("/", 1)[0] + f"/{self.tag}"
-            self._sql(f'CREATE DATABASE "{self.tag}"')
+            try:
+                self._sql(f'CREATE DATABASE "{self.tag}"')
+            except Exception:
+                self._redis.close()
+                raise
         else:
             self.path = Path(tempfile.gettempdir()) / f"{self.tag}.sqlite3"
 
@@ -177,11 +185,7 @@ class BenchDatabase:
             return conn.execute(sql, params).fetchall()
 
     def drop(self) -> None:
-        if self.redis_url:
-            import redis
-
-            with contextlib.suppress(Exception):
-                redis.Redis.from_url(self.redis_url).flushdb()  # the bench's own database
+        self._redis.close()  # the bench's own server, and all it held, gone
         if self.postgres:
             self._sql(f'DROP DATABASE IF EXISTS "{self.tag}" WITH (FORCE)')
         else:
@@ -203,17 +207,45 @@ class BenchDatabase:
             conn.execute(sql)
 
 
-def _bench_redis() -> str:
-    """Redis database 15 of the Redis the tests or REDIS_URL name, when one answers."""
-    import redis
+@contextlib.contextmanager
+def _private_redis() -> Iterator[str]:
+    """A redis-server of the bench's own on a free loopback port (the controller's Celery broker
+    needs TCP), stopped at the end; "" when redis-server is not installed. Nobody else's
+    Redis is touched, so the bench never flushes a database another process uses."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield ""
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="akri-scale-redis-") as tmp:
+        proc = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+             "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"redis://127.0.0.1:{port}/0"
+        try:
+            import redis
 
-    base = os.environ.get("AKRI_TEST_REDIS_URL") or os.environ.get("REDIS_URL")
-    url = (base or "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/15"
-    try:
-        redis.Redis.from_url(url, socket_timeout=2).ping()
-    except Exception:
-        return ""
-    return url
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    redis.Redis.from_url(url, socket_timeout=1).ping()
+                    break
+                except redis.RedisError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("the bench's redis-server did not start") from None
+                    time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 # --- probes ----------------------------------------------------------------------------------------

@@ -1078,6 +1078,8 @@ def _cause_reason(message: str) -> str:
     ):
         if message.startswith(prefix):
             return reason
+    if " in body must be of type " in message:
+        return "FieldValueTypeInvalid"  # field.TypeInvalid (current servers; 1.20: Invalid)
     return "FieldValueInvalid"
 
 
