@@ -53,6 +53,17 @@ def lease_spec(kube, name: str = LEASE) -> dict:
     return json.loads(raw.data)["spec"]
 
 
+def holder(kube, name: str = LEASE) -> str | None:
+    """The Lease's holder, or None while it does not exist yet (before the first elector's
+    write): for waits, which must treat "not yet" as not yet, whatever the server answers."""
+    try:
+        return lease_spec(kube, name).get("holderIdentity")
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 def elector(kube, identity: str, clock: Clock, **kwargs) -> LeaderElector:
     return LeaderElector(
         kube.new_client(), kube.namespace, LEASE, identity=identity, timing=TIMING, clock=clock,
@@ -303,23 +314,27 @@ def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp
             proc, out = _controller(kube, tmp_path, db, name)
             procs[_identity(kube, out)] = proc
 
-        def holder():
-            try:
-                return lease_spec(kube, CONTROLLER_LEASE).get("holderIdentity")
-            except client.ApiException:
-                return None
-
-        leader = kube.wait_for(holder, timeout=30, message="a controller leads")
+        leader = kube.wait_for(
+            lambda: holder(kube, CONTROLLER_LEASE), timeout=30, message="a controller leads"
+        )
         assert leader in procs
         procs[leader].kill()
         procs.pop(leader).wait(10)
         (survivor,) = procs
-        kube.wait_for(lambda: holder() == survivor, timeout=FAILOVER_BOUND, message="takeover")
+        kube.wait_for(
+            lambda: holder(kube, CONTROLLER_LEASE) == survivor,
+            timeout=FAILOVER_BOUND,
+            message="takeover",
+        )
         procs[survivor].send_signal(signal.SIGTERM)
         # The Lease is released first, at once; stopping the watchers may take a while on a
         # loaded machine (a watcher still in its first list finishes it).
         try:
-            kube.wait_for(lambda: holder() == "", timeout=30, message="the Lease released")
+            kube.wait_for(
+                lambda: holder(kube, CONTROLLER_LEASE) == "",
+                timeout=30,
+                message="the Lease released",
+            )
         except AssertionError as exc:
             procs[survivor].send_signal(signal.SIGUSR1)  # its threads' stacks, into its log
             time.sleep(1)
@@ -332,7 +347,7 @@ def test_two_controller_replicas_elect_one_and_the_survivor_takes_over(kube, tmp
         logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
         assert code == 0, logs
         procs.pop(survivor)
-        assert holder() == "", logs
+        assert holder(kube, CONTROLLER_LEASE) == "", logs
     finally:
         for proc in procs.values():
             proc.kill()
@@ -361,7 +376,7 @@ def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_controller
     try:
         identity = _identity(kube, out)
         kube.wait_for(
-            lambda: lease_spec(kube, CONTROLLER_LEASE).get("holderIdentity") == identity,
+            lambda: holder(kube, CONTROLLER_LEASE) == identity,
             timeout=30,
             message="it leads",
         )
