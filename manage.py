@@ -7,6 +7,11 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "akri_site.settings")
+    if sys.argv[1:2] == ["runweb"]:
+        # Before the settings load: the web bounds its database connections (settings.py); its
+        # uvicorn workers inherit the variable. Set here, not in akri_site.asgi, so that no other
+        # process that imports the ASGI app (a test run) passes it on to its children.
+        os.environ.setdefault("AKRI_WEB_PROCESS", "true")
     from django.core.management import execute_from_command_line
 
     from akri_site.env import EnvError

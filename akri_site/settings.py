@@ -146,6 +146,24 @@ if DATABASE_URL:
     # Named outright: the live-server process of the browser tests derives the name from
     # NAME otherwise, which by then is already the test database's.
     DATABASES["default"]["TEST"] = {"NAME": "test_" + DATABASES["default"]["NAME"]}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boolean(
+        "AKRI_WEB_PROCESS", False
+    ):
+        # The web (`manage.py runweb` sets AKRI_WEB_PROCESS): under ASGI each request runs on a
+        # thread of its own, and persistent connections stay with those threads, idle, until
+        # PostgreSQL runs out of them. A pool per process instead, bounded, its connections
+        # handed back at the end of each request; a request waits for one at most 10 s.
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["OPTIONS"] = {
+            **DATABASES["default"].get("OPTIONS", {}),
+            "pool": {
+                "min_size": 1,
+                "max_size": env.integer("AKRI_WEB_DB_CONNECTIONS", 4, minimum=1),
+                "timeout": 10,
+            },
+            # Named, so that pg_stat_activity tells the web's connections apart.
+            "application_name": "akri-site-web",
+        }
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         _sqlite = Path(DATABASES["default"]["NAME"])
         DATABASES["default"]["OPTIONS"] = {

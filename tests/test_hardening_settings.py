@@ -32,6 +32,7 @@ CLEARED = (
     "DEBUG",
     # Set for the test process only (Playwright); production never sets it.
     "DJANGO_ALLOW_ASYNC_UNSAFE",
+    "AKRI_WEB_PROCESS",
 )
 
 
@@ -131,3 +132,24 @@ def test_production_turns_on_https_rules_that_development_leaves_off():
         "31536000",
     ]
     assert _settings_in({}, *names, "SECURE_HSTS_SECONDS") == ["False", "False", "False", "0"]
+
+
+def test_the_web_bounds_its_database_connections_with_a_pool_and_the_others_do_not():
+    """Under ASGI each request has a thread of its own; persistent connections stayed with
+    them until PostgreSQL ran out (issue 29 §2). The web's processes use a bounded pool."""
+    web = {**PRODUCTION, "AKRI_WEB_PROCESS": "true"}
+    (options, age) = _settings_in(
+        web, "DATABASES['default']['OPTIONS']", "DATABASES['default']['CONN_MAX_AGE']"
+    )
+    assert "'pool': {'min_size': 1, 'max_size': 4, 'timeout': 10}" in options
+    assert age == "0"
+    (sized,) = _settings_in(
+        {**web, "AKRI_WEB_DB_CONNECTIONS": "8"}, "DATABASES['default']['OPTIONS']['pool']"
+    )
+    assert "'max_size': 8" in sized
+    (other,) = _settings_in(PRODUCTION, "DATABASES['default'].get('OPTIONS', {})")
+    assert "pool" not in other
+    refused = manage("check", **{**web, "AKRI_WEB_DB_CONNECTIONS": "0"})
+    assert refused.returncode != 0
+    assert "AKRI_WEB_DB_CONNECTIONS" in refused.stderr
+

@@ -11,6 +11,11 @@ mode the demo process itself, cluster included) / wall seconds of the load, and
 ``cores_busy_demo`` the same for the demo's whole process tree (cluster, Redis, workers). The same load is
 then run against the demo serving from one process (``AKRI_WEB_WORKERS=1``): ``rps_1`` and
 ``p95_ms_1`` are that baseline, measured in the same run.
+
+Run with ``DATABASE_URL`` naming PostgreSQL, it also runs the crowd against ``runweb`` (two
+workers) on a database of its own and prints ``db_connections_peak`` (the web's connections in
+``pg_stat_activity``, target <= 4 per worker: each worker's pool is bounded), with
+``errors_pg``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,94 @@ def bench_web(quick: bool = False, stdout: Any = None) -> dict[str, object]:
             figures.update({"rps_1": result["rps"], "p95_ms_1": result["p95_ms"]})
         else:
             figures.update(result)
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        figures.update(_postgres_connections(clients, sockets, seconds, stdout))
     return figures
+
+
+def _postgres_connections(
+    clients: int, sockets: int, seconds: float, stdout: Any
+) -> dict[str, object]:
+    """The same crowd on ``runweb`` (2 workers) over a PostgreSQL database of the bench's own,
+    as a deployment runs it: the peak of the web's connections (``pg_stat_activity`` of its
+    database, which nothing else uses), in all and per worker, and the errors the crowd saw
+    meanwhile."""
+    import threading
+
+    from agent.bench.scale import BenchDatabase
+
+    db = BenchDatabase()
+    workers = 2
+    try:
+        env = db.env()
+        env.update(
+            AKRI_ENV="development",
+            SECURE_SSL_REDIRECT="false",
+            AKRI_SECURE_COOKIES="false",
+            LOG_LEVEL="WARNING",
+            AKRI_WEB_WORKERS=str(workers),
+        )
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
+        subprocess.run(
+            [*manage, "shell", "-c",
+             "from django.contrib.auth.models import Group, User; "
+             f"u = User.objects.create_user('viewer', password={PASSWORD!r}); "
+             "u.groups.add(Group.objects.get(name='viewer'))"],
+            cwd=REPO, env=env, check=True,
+        )  # fmt: skip
+        port = _free_port()
+        with tempfile.TemporaryDirectory(prefix="akri-bench-web-pg-") as tmp:
+            log_path = Path(tmp) / "runweb.log"
+            with open(log_path, "w") as log:
+                proc = subprocess.Popen(
+                    [*manage, "runweb", "--port", str(port)],
+                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+                peak = [0]
+                done = threading.Event()
+
+                def sample() -> None:
+                    # Only runweb uses this database (and this query, left out).
+                    sql = (
+                        "select count(*) from pg_stat_activity where datname = ? "
+                        "and pid <> pg_backend_pid()"
+                    )
+                    while not done.wait(0.2):
+                        with contextlib.suppress(Exception):
+                            peak[0] = max(peak[0], db.query(sql, (db.tag,))[0][0])
+
+                sampler = threading.Thread(target=sample, name="pg-connections")
+                try:
+                    _wait_ready(port, proc, log_path)
+                    import psutil
+
+                    sampler.start()
+                    result = asyncio.run(
+                        crowd(port, psutil.Process(proc.pid), clients, sockets, seconds)
+                    )
+                finally:
+                    done.set()
+                    if sampler.is_alive():
+                        sampler.join()
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+    finally:
+        db.drop()
+    if stdout is not None:
+        stdout.write(f"web on PostgreSQL: {result}, connections peak {peak[0]}\n")
+    return {
+        "db_connections_peak": peak[0],
+        "db_connections_per_worker": peak[0] / workers,
+        "rps_pg": result["rps"],
+        "errors_pg": result["errors"],
+    }
 
 
 def _free_port() -> int:
