@@ -68,6 +68,11 @@ def _fill_cache(namespace: str, nodes: int, configs: int) -> None:
             # devices of one fits where both have a free slot.
             name = f"cfg{c // 2}-{n:05x}{c % 2}"
             usage = {f"{name}-0": rng.choice(["", "", f"node-{n}"]), f"{name}-1": ""}
+            if n % 4 == 0 and c % 2:
+                # Every fourth node has one Instance of each Configuration full: a pod asking
+                # for 2 unique devices does not fit there (the answer is checked, not only
+                # timed).
+                usage = {f"{name}-0": f"node-{n}", f"{name}-1": f"node-{n}"}
             rows.append(
                 Instance(
                     namespace=namespace,
@@ -151,6 +156,18 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _nodes_with_two_free(namespace: str, configuration: str) -> set[str]:
+    """The nodes where two Instances of ``configuration`` have a free slot, counted from the
+    cache's rows without the extender's code: what its answer must be."""
+    free: dict[str, int] = {}
+    rows = Instance.objects.filter(namespace=namespace, configuration_name=configuration)
+    for row in rows.values("nodes", "device_usage"):
+        if any(value == "" for value in row["device_usage"].values()):
+            for node in row["nodes"]:
+                free[node] = free.get(node, 0) + 1
+    return {node for node, count in free.items() if count >= 2}
+
+
 def bench_extender_filter(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     ensure_migrated()
     nodes, configs = (500, 4) if quick else (5000, 4)
@@ -166,6 +183,12 @@ def bench_extender_filter(quick: bool = False, stdout: Any = None) -> dict[str, 
             cpu_ms = (sum(process.cpu_times()[:2]) - before) * 1000 / (rounds + WARM_UP)
             _, result = post(url + "/filter", filter_args(asking, names))
             fits = len(result["NodeNames"])
+            wanted = _nodes_with_two_free(namespace, "cfg1")
+            if set(result["NodeNames"]) != wanted:
+                raise RuntimeError(
+                    f"extender-filter: {fits} nodes fit by the extender, {len(wanted)} by the "
+                    "cache's slots: the timed answers were wrong"
+                )
             plain = _timed_filters(url, _pod({"cpu": "1"}), names, rounds)
     finally:
         Instance.objects.filter(namespace=namespace).delete()

@@ -111,6 +111,22 @@ def fill(tag: str, claims: int = CLAIMS) -> list[str]:
     ]
 
 
+def _check_charges(tag: str, claims: int) -> None:
+    """What the timed recompute must have stored, from the bench's own data: a charge per claim
+    and per Instance, and each labelled claim owned by its label's queue (the claim's first
+    pod's: q<c mod QUEUES>). Fails loudly otherwise: a recompute that decided nothing would be
+    timed as fast."""
+    from agent.queues.models import Charge
+
+    rows = {(r.kind, r.name): r for r in Charge.objects.filter(namespace=tag)}
+    if len(rows) != claims * 2:
+        raise RuntimeError(f"charges: the recompute stored {len(rows)} of {claims * 2} charges")
+    for c in range(1, claims, 2):
+        owner = rows[("resourceclaim", f"rc{c}")].owner
+        if owner != f"q{c % QUEUES}":
+            raise RuntimeError(f"charges: rc{c} owned by {owner!r}, not q{c % QUEUES}")
+
+
 def bench_charges(quick: bool = False, stdout: Any = None) -> dict[str, object]:
 
     from agent.queues import recompute
@@ -126,6 +142,7 @@ def bench_charges(quick: bool = False, stdout: Any = None) -> dict[str, object]:
             started = time.perf_counter()
             recompute.recompute(None)
             first = (time.perf_counter() - started) * 1000
+            _check_charges(tag, claims)
             full = []
             for _ in range(2 if quick else 5):
                 started = time.perf_counter()
@@ -213,6 +230,10 @@ def bench_webhook(quick: bool = False, stdout: Any = None) -> dict[str, object]:
             latencies, denied = asyncio.run(_hammer(port, total, 50))
     finally:
         _clear(tag)
+    # Every odd review asks for a claim of another queue's at priority 125 (not preemptible):
+    # refused; the even ones (priority 50, preemptible) are let in.
+    if denied != total // 2:
+        raise RuntimeError(f"webhook: {denied} of {total} reviews refused, {total // 2} expected")
     return {
         "p50_ms": percentile(latencies, 50),
         "p99_ms": percentile(latencies, 99),
