@@ -200,7 +200,7 @@ def users(row: Charge | None) -> list[str]:
     return [u["pod"].rpartition("/")[2] for u in row.users] if row else []
 
 
-def test_queue_charges_work_with_every_agent_on_its_own_sqlite(kube, deployed):
+def test_queue_charges_work_with_every_agent_on_its_own_sqlite(kube, deployed, settings):
     kubelets, agents = deployed
     api = AkriApi(kube.api_client, kube.namespace)
     api.create_configuration(configuration_body(descriptions=("foo0",), capacity=2))
@@ -248,6 +248,16 @@ def test_queue_charges_work_with_every_agent_on_its_own_sqlite(kube, deployed):
     assert row.owner == "team-a" and row.problems == []
     detail = queries.claim_detail(AKRI, kube.namespace, FOO0)
     assert [u["name"] for u in detail["users"] if u["foreign"]] == ["guest"]
+
+    # team-a opts out of sharing: now even a preemptible pod of another queue is refused.
+    settings.AKRI_QUEUES = {**settings.AKRI_QUEUES, "OPT_OUT": ["team-a"]}
+    webhook.forget_world()  # the webhook's view of the queues is kept for a few seconds
+    opted = admitted(review_of(kube, "late-guest", "team-b", priority=0))
+    assert opted["allowed"] is False
+    assert "team-a" in opted["status"]["message"]
+    settings.AKRI_QUEUES = {**settings.AKRI_QUEUES, "OPT_OUT": []}
+    webhook.forget_world()
+    assert admitted(review_of(kube, "late-guest", "team-b", priority=0))["allowed"] is True
 
     # The guest goes: its slot is freed by node-b's agent and it is no user any more.
     core.delete_namespaced_pod("guest", kube.namespace, grace_period_seconds=0)
