@@ -756,21 +756,28 @@ def test_overview_says_leaders_are_unknown_without_an_api_server(login, settings
     ).group(0)
 
 
-def test_a_costly_count_is_reused_for_a_few_times_its_cost_and_a_cheap_one_never():
+def test_a_costly_count_is_reused_for_a_few_times_its_cost_and_a_cheap_one_never(monkeypatch):
+    from akri_site.dashboard import slotmap
     from akri_site.dashboard.slotmap import CostlyReuse
 
+    # A clock of the test's own: how long a count "takes" is set, not measured, so that a
+    # loaded machine cannot stretch a cheap count into a costly one.
+    now = [100.0]
+    monkeypatch.setattr(slotmap, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
     calls = []
 
     def slow():
         calls.append(1)
-        time.sleep(0.06)
+        now[0] += 0.06
         return {"n": len(calls)}
 
     reuse = CostlyReuse(slow, factor=4)
     first = reuse()
     first["n"] = 99  # callers get copies: the kept answer is not theirs to change
     assert reuse() == {"n": 1} and len(calls) == 1
-    time.sleep(0.3)  # past 4 x 0.06 s
+    now[0] += 0.1  # 0.16 s after the count started: within 4 x 0.06 s
+    assert reuse() == {"n": 1}
+    now[0] += 0.1  # 0.26 s: past it
     assert reuse() == {"n": 2}
 
     cheap = CostlyReuse(lambda: calls.append(1) or len(calls), factor=100)

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from agent.domain.cordon import describe_raw
 from agent.models import Instance, Pod, Slot, SlotEvent, SlotPodBinding, visible_to
 from akri_site.dashboard.sorting import SLOT_MAP, Sorted
 
@@ -34,6 +35,7 @@ _INSTANCE_FIELDS = (
     "shared",
     "nodes",
     "deleting",
+    "cordon",
 )
 _SLOT_FIELDS = (
     "id",
@@ -261,6 +263,7 @@ def serialize(
                 "shared": row["shared"],
                 "nodes": list(row["nodes"] or []),
                 "deleting": row["deleting"],
+                "cordon": describe_raw(row["cordon"]),
                 "counts": count_slots(own),
                 "slots": own,
             }
@@ -495,11 +498,24 @@ class CostlyReuse:
     Instances, and every test) are always computed afresh."""
 
     CHEAP_SECONDS = 0.05
+    _all: list[CostlyReuse] = []
 
     def __init__(self, fn: Any, factor: float) -> None:
         self.fn, self.factor = fn, factor
         self._lock = threading.Lock()
         self._at, self._cost, self._value = float("-inf"), 0.0, None
+        CostlyReuse._all.append(self)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._at, self._cost, self._value = float("-inf"), 0.0, None
+
+    @classmethod
+    def forget_all(cls) -> None:
+        """Drop every kept answer. For tests: on a loaded machine a small count can take
+        longer than CHEAP_SECONDS, and its answer must not outlive the test's database."""
+        for reuse in cls._all:
+            reuse.forget()
 
     def __call__(self) -> Any:
         with self._lock:
