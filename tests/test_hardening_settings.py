@@ -152,4 +152,3 @@ def test_the_web_bounds_its_database_connections_with_a_pool_and_the_others_do_n
     refused = manage("check", **{**web, "AKRI_WEB_DB_CONNECTIONS": "0"})
     assert refused.returncode != 0
     assert "AKRI_WEB_DB_CONNECTIONS" in refused.stderr
-
