@@ -57,6 +57,9 @@ class Instance(models.Model):
     nodes = models.JSONField(default=list)
     broker_properties = models.JSONField(default=dict)
     device_usage = models.JSONField(default=dict)
+    # The raw ``akri-site.io/cordon`` annotation (agent.domain.cordon), None when absent: kept
+    # as written, so that an unreadable value still cordons everywhere the cache is read.
+    cordon = models.TextField(null=True, blank=True)
     deleting = models.BooleanField(default=False)
     # The resourceVersion of our own write applied ahead of the watch. The watch skips events
     # until it echoes this version: they are older, and applying them would step back.

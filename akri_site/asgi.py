@@ -1,5 +1,5 @@
 """ASGI entry point: HTTP through Django (static files by whitenoise; the admission webhook
-ahead of it), websockets through Channels."""
+ahead of it where this process serves it: ``AKRI_WEB_ROLE``), websockets through Channels."""
 
 import os
 
@@ -11,15 +11,23 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 
-from agent.queues.fastpath import WebhookApp  # noqa: E402
+from agent.queues.fastpath import WebhookApp, webhook_only  # noqa: E402
 from akri_site.dashboard.origin import SameOriginValidator  # noqa: E402
 from akri_site.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        # The admission webhook is answered ahead of Django (agent.queues.fastpath).
-        "http": WebhookApp(django_asgi_app),
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
-)
+ROLE = settings.AKRI_WEB_ROLE
+if ROLE == "webhook":
+    # runweb --webhook: the admission webhook alone; every other path is a 404, no websocket.
+    application = webhook_only()
+else:
+    application = ProtocolTypeRouter(
+        {
+            # The admission webhook is answered ahead of Django (agent.queues.fastpath), but
+            # only where one process serves both (AKRI_WEB_ROLE=all): on the pages' port in
+            # production it would be reachable through the ingress, before the host check.
+            "http": WebhookApp(django_asgi_app) if ROLE == "all" else django_asgi_app,
+            "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )

@@ -6,6 +6,7 @@ and tasks run in-process. Production sets ``DATABASE_URL`` (PostgreSQL) and ``RE
 """
 
 import contextlib
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -58,6 +59,7 @@ _WEB_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "akri_site.dashboard",
 ]
 INSTALLED_APPS = [
@@ -71,10 +73,15 @@ INSTALLED_APPS = [
     "channels",
     "csp",
     "rest_framework",
+    # Only for its table: dashboard migration 0002 hashes the clear tokens it held into
+    # ApiTokens and empties it; its admin is unregistered (akri_site.dashboard.admin).
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files for /api/docs/, served as our static files
+    # Sign-in throttling (AXES_* below). Before "agent": the admin role takes every permission
+    # when the agent app has migrated, and axes' permissions must exist by then.
+    "axes",
     "agent",
     "agent.brokers",
     "agent.scheduling",
@@ -111,9 +118,20 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so its process_exception sees a view's database error first: 503, one log line.
+    "akri_site.dashboard.middleware.DatabaseUnavailableMiddleware",
+    # django-axes wants to be last: it turns a locked-out sign-in into its lockout answer.
+    *(["axes.middleware.AxesMiddleware"] if _WEB else []),
 ]
 
 ROOT_URLCONF = "akri_site.urls" if _WEB else "akri_site.agent_urls"
+# What a web process serves (issue 29 item 6): "pages" (the dashboard, its API, /metrics; never
+# the admission webhook, whose requests would pass the ingress), "webhook" (only
+# POST /webhooks/pods/validate: ``runweb --webhook``, over TLS, on its own port and Service), or
+# "all" (development and the demo: one process serves both).
+AKRI_WEB_ROLE = env.choice(
+    "AKRI_WEB_ROLE", "pages" if PRODUCTION else "all", ("all", "pages", "webhook")
+)
 ASGI_APPLICATION = "akri_site.asgi.application"
 WSGI_APPLICATION = "akri_site.wsgi.application"
 
@@ -213,6 +231,28 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# API tokens (akri_site.dashboard.tokens) expire this many days after they are made; 0: never.
+AKRI_API_TOKEN_DAYS = env.number("AKRI_API_TOKEN_DAYS", 90.0, minimum=0, maximum=3660)
+# Sign-in throttling (django-axes; issue 29 item 7): AXES_FAILURE_LIMIT wrong passwords lock
+# out that user name from every address, and that address for every user name, for
+# AXES_COOLOFF_MINUTES. Every failure and lockout is a row (the admin's "Axes" section), and a
+# lockout also an AuditEntry; an admin unlocks by deleting the attempt in the admin or with
+# ``manage.py axes_reset_username NAME`` / ``axes_reset_ip ADDRESS``. The client address is
+# REMOTE_ADDR, which runweb sets from X-Forwarded-For only for AKRI_FORWARDED_ALLOW_IPS.
+AUTHENTICATION_BACKENDS = [
+    *(["axes.backends.AxesStandaloneBackend"] if _WEB else []),
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.integer("AXES_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env.number("AXES_COOLOFF_MINUTES", 15.0, minimum=0.1, maximum=7 * 24 * 60)
+)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_CLIENT_IP_CALLABLE = "akri_site.dashboard.lockout.client_address"
+AXES_USERNAME_CALLABLE = "akri_site.dashboard.lockout.client_username"
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 # Signing out (dashboard and admin) returns to the dashboard's sign-in page, not Django's stock
 # "logged out" page.
 LOGOUT_REDIRECT_URL = "/accounts/login/?signed_out=1"
@@ -277,6 +317,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+# Only the schema class: ``extend_schema`` on a view's method builds on this default, and DRF's
+# own (the legacy generator) broke /api/schema/ for any such view (issue 29, item 10).
+REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
 # Password reset needs mail: its pages exist only when EMAIL_HOST is set.
 EMAIL_HOST = env.string("EMAIL_HOST", "")
 EMAIL_PORT = env.integer("EMAIL_PORT", 587, minimum=1, maximum=65535)
@@ -368,6 +411,10 @@ AKRI_QUEUES = {
     "RESOLVERS": tuple(env.words("AKRI_QUEUE_RESOLVERS", ["kai", "kueue", "volcano", "default"])),
     # The queue of a pod no resolver places; empty: such a pod has no queue.
     "DEFAULT_QUEUE": env.string("AKRI_QUEUE_DEFAULT", "default"),
+    # Trust a pod's queue label when that queue system is not installed. Off in production: a
+    # label is whatever a tenant writes (another team's queue too), so only a queue system's
+    # objects make a queue chargeable. On in development: the demo runs no queue system.
+    "LABELS_ALONE": env.boolean("AKRI_QUEUE_LABELS_ALONE", not PRODUCTION),
     # Claims used by several queues with no owner label: "deduct" or "attribute".
     "ORPHANS": env.choice("AKRI_QUEUE_ORPHANS", "deduct", ("deduct", "attribute")),
     # Queues that do not share what they own (a queue object's akri-site.io/opt-out wins).
@@ -390,6 +437,9 @@ AKRI_QUEUES = {
     "RECOMPUTE_SECONDS": env.number("AKRI_QUEUE_RECOMPUTE_SECONDS", 30.0, minimum=1),
     "SAMPLE_SECONDS": env.number("AKRI_QUEUE_SAMPLE_SECONDS", 60.0, minimum=1),
     "HISTORY_HOURS": env.number("AKRI_QUEUE_HISTORY_HOURS", 168.0, minimum=0.01),
+    # At most this many refusal rows are kept (the newest), whatever their age: a flood of
+    # forged reviews must not fill the database before the hourly prune by age.
+    "REFUSALS_MAX": env.integer("AKRI_QUEUE_REFUSALS_MAX", 20_000, minimum=100),
     "CRD_RECHECK_SECONDS": env.number("AKRI_QUEUE_CRD_RECHECK_SECONDS", 60.0, minimum=0.1),
 }
 

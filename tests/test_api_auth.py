@@ -10,9 +10,9 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from agent.models import ReconcileRun, SlotEvent
+from akri_site.dashboard import tokens
 from akri_site.dashboard.access import ROLES
 from akri_site.dashboard.sample import make_cluster
 
@@ -67,7 +67,7 @@ def token_of(role: str | None) -> str:
     user = User.objects.create_user(f"bot-{role or 'none'}")
     if role:
         user.groups.add(Group.objects.get(name=role))
-    return Token.objects.create(user=user).key
+    return tokens.issue(user)[1]
 
 
 def auth(key: str) -> dict[str, str]:

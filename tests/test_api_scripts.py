@@ -7,10 +7,11 @@ import io
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
 
 from agent.models import ReconcileRun, Slot
+from akri_site.dashboard.models import ApiToken
 from akri_site.dashboard.sample import make_cluster
+from akri_site.dashboard.tokens import digest
 
 pytestmark = pytest.mark.django_db
 
@@ -48,34 +49,42 @@ def test_a_viewers_token_reads_the_api_without_a_session(client, cluster):
 
     assert response.status_code == 200
     assert response.json()["count"] == 10  # node-a: slot 0 (IL) and 1 (CL) of 5 Instances
-    assert "new token, role viewer" in said
-    assert Token.objects.get(user__username="bot").key == key
+    assert "new token" in said and "role viewer" in said
+    # Stored as a hash and a prefix: the key itself is nowhere in the database.
+    row = ApiToken.objects.get(user__username="bot")
+    assert row.digest == digest(key) and key.startswith(row.prefix)
+    assert key not in {row.digest, row.prefix, row.name}
 
 
-def test_the_command_prints_the_same_token_again_and_reset_replaces_it(client, cluster):
+def test_each_call_makes_a_new_token_and_the_old_ones_keep_working(client, cluster):
     user_with("viewer")
-    first, _ = apitoken("bot")
+    first, _ = apitoken("bot", "--name", "ci")
+    second, _ = apitoken("bot", "--name", "backup")
 
-    again, said = apitoken("bot")
-    new, _ = apitoken("bot", "--reset")
+    listed, _ = apitoken("bot", "--list")
 
-    assert again == first and "existing token" in said
-    assert new != first
-    assert client.get("/api/nodes/", **auth(first)).status_code == 401
-    assert client.get("/api/nodes/", **auth(new)).status_code == 200
+    assert first != second
+    assert client.get("/api/nodes/", **auth(first)).status_code == 200
+    assert client.get("/api/nodes/", **auth(second)).status_code == 200
+    assert "ci" in listed and "backup" in listed
+    assert first not in listed and second not in listed  # shown once, never again
 
 
-def test_a_revoked_token_is_refused(client, cluster):
+def test_a_revoked_token_is_refused_and_the_others_stay(client, cluster):
     user_with("viewer")
     key, _ = apitoken("bot")
+    other, _ = apitoken("bot")
+    row = ApiToken.objects.get(digest=digest(key))
 
-    _, said = apitoken("bot", "--revoke")
+    _, said = apitoken("bot", "--revoke", str(row.pk))
     response = client.get("/api/nodes/", **auth(key))
 
-    assert said == "bot: token revoked"
+    assert said == f"bot: token {row.pk} revoked"
     assert response.status_code == 401
     assert response.json()["detail"] == "Invalid token."
-    assert not Token.objects.filter(user__username="bot").exists()
+    assert client.get("/api/nodes/", **auth(other)).status_code == 200
+    apitoken("bot", "--revoke-all")
+    assert not ApiToken.objects.filter(user__username="bot").exists()
 
 
 def test_the_command_refuses_users_without_a_role_and_unknown_users():
@@ -85,7 +94,7 @@ def test_the_command_refuses_users_without_a_role_and_unknown_users():
         apitoken("bot")
     with pytest.raises(CommandError, match="no user 'ghost'"):
         apitoken("ghost")
-    assert not Token.objects.exists()
+    assert not ApiToken.objects.exists()
 
 
 def test_a_token_carries_exactly_its_users_role(client, cluster):
@@ -119,19 +128,29 @@ def test_admins_create_and_revoke_tokens_in_the_admin(client, cluster):
     bot = user_with("viewer")
     client.force_login(admin)
 
-    created = client.post("/admin/authtoken/tokenproxy/add/", {"user": bot.pk})
+    created = client.post(
+        "/admin/dashboard/apitoken/add/", {"user": bot.pk, "name": "ci"}, follow=True
+    )
 
-    assert created.status_code == 302
-    token = Token.objects.get(user=bot)
-    revoked = client.post(f"/admin/authtoken/tokenproxy/{bot.pk}/delete/", {"post": "yes"})
+    assert created.status_code == 200
+    token = ApiToken.objects.get(user=bot)
+    shown = [str(m) for m in created.context["messages"]]
+    (key,) = [m.split(": ", 1)[1].split(" ")[0] for m in shown if "copy it now" in m]
+    assert token.digest == digest(key)
+    # The list and the change page never show the key again.
+    assert key not in client.get("/admin/dashboard/apitoken/").content.decode()
+    assert key not in client.get(f"/admin/dashboard/apitoken/{token.pk}/change/").content.decode()
+    assert client.get("/admin/authtoken/tokenproxy/").status_code == 404  # the clear-key admin
+    revoked = client.post(f"/admin/dashboard/apitoken/{token.pk}/delete/", {"post": "yes"})
     assert revoked.status_code == 302
-    assert not Token.objects.filter(pk=token.pk).exists()
+    assert not ApiToken.objects.filter(pk=token.pk).exists()
 
 
 def test_operators_cannot_manage_tokens_in_the_admin(client, cluster):
     client.force_login(user_with("operator", name="op", staff=True))
 
-    assert client.get("/admin/authtoken/tokenproxy/").status_code == 403
+    assert client.get("/admin/dashboard/apitoken/").status_code == 403
+    assert client.get("/admin/dashboard/apitoken/add/").status_code == 403
 
 
 # --- strict parameters --------------------------------------------------------------------

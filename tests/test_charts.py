@@ -7,11 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import override_settings
-from rest_framework.authtoken.models import Token
 
 from agent import usage
 from agent.models import ReleaseSample, Slot, UsageSample
-from akri_site.dashboard import charts
+from akri_site.dashboard import charts, tokens
 from akri_site.dashboard.sample import make_cluster
 
 pytestmark = pytest.mark.django_db
@@ -189,10 +188,10 @@ def test_the_chart_endpoints_need_a_role_and_take_a_token(client, cluster):
     nobody = client.get("/api/charts/usage/")
     user = User.objects.create_user("bot")
     user.groups.add(Group.objects.get(name="viewer"))
-    token = Token.objects.create(user=user)
+    _, key = tokens.issue(user)
 
     with_token = client.get(
-        "/api/charts/release-latency/?range=1h", HTTP_AUTHORIZATION=f"Token {token.key}"
+        "/api/charts/release-latency/?range=1h", HTTP_AUTHORIZATION=f"Token {key}"
     )
 
     assert nobody.status_code == 401

@@ -87,12 +87,28 @@ def test_the_prometheus_extras_render_with_kustomize_into_the_namespace():
     assert "rules.yml" not in kustomization["resources"]  # plain Prometheus's, not an object
 
 
-def test_the_agent_takes_the_scrape_token_from_the_secret_when_it_has_one():
+def test_the_agent_requires_the_scrape_token_from_the_secret():
+    """/metrics ships protected (issue 29 §9): no token, no agent (one line naming it)."""
     agent = workload(render("overlays/external"), "akri-site-agent")
     env = {e["name"]: e for e in pod_spec(agent)["containers"][0]["env"]}
 
     ref = env["METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
-    assert ref == {"name": "akri-site", "key": "METRICS_TOKEN", "optional": True}
+    assert ref == {"name": "akri-site", "key": "METRICS_TOKEN"}
+    assert "METRICS_TOKEN" in env["AKRI_REQUIRED_SETTINGS"]["value"].split(",")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_server_process_requires_the_scrape_token(overlay):
+    config = find(render(overlay), "ConfigMap", "akri-site")["data"]
+
+    assert "METRICS_TOKEN" in config["AKRI_REQUIRED_SETTINGS"].split(",")
+
+
+def test_the_pod_monitors_send_the_scrape_token():
+    for monitor in monitors():
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            credentials = endpoint["authorization"]["credentials"]
+            assert credentials == {"name": "akri-site", "key": "METRICS_TOKEN"}
 
 
 @pytest.mark.parametrize(("pod_ip", "host"), [("10.1.2.3", "10.1.2.3"), ("fd00::7", "[fd00::7]")])

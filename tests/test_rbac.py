@@ -698,6 +698,41 @@ def web_eviction(kube, rec: Recorder, monkeypatch) -> None:
     assert {p.metadata.name for p in core.list_namespaced_pod(work).items} == {"owner-pod"}
 
 
+def web_drain(kube, rec: Recorder, monkeypatch) -> None:
+    """An operator previews, then drains, an Instance through its JSON endpoint (issue 33)."""
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from agent import cordon, drain
+    from agent.domain.holdings import HOLDS, format_holds
+
+    monkeypatch.setattr(cordon, "new_api_client", lambda *a, **k: rec.client())
+    monkeypatch.setattr(drain, "new_api_client", lambda *a, **k: rec.client())
+    api = AkriApi(kube.api_client, kube.namespace)
+    api.create_instance(instance_body("cams-drain", 1, "cams", ("node-a",)))
+    work = kube.create_namespace()
+    core = client.CoreV1Api(kube.api_client)
+    holds = format_holds({f"{kube.namespace}/cams-drain-0": "c"})
+    core.create_namespaced_pod(
+        work,
+        {
+            "metadata": {"name": "holder", "annotations": {HOLDS: holds}},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    core.patch_namespaced_pod_status("holder", work, {"status": {"phase": "Running"}})
+    operator = User.objects.create_user("rbac-drainer", is_staff=True)
+    operator.groups.add(Group.objects.get(name="operator"))
+    browser = Client()
+    browser.force_login(operator)
+    url = f"/instances/{kube.namespace}/cams-drain/cordon/"
+    for dry_run in (True, False):
+        body = {"action": "drain", "dry_run": dry_run, "grace": 0, "reason": "rbac"}
+        answer = browser.post(url, body, content_type="application/json")
+        assert answer.status_code == 200, answer.content
+    assert [p["outcome"] for p in answer.json()["pods"]] == ["evicted"]
+
+
 def _settings():
     from django.conf import settings
 
@@ -710,7 +745,7 @@ SCENARIOS: dict[str, list[Scenario]] = {
     "controller": [controller_term],
     "worker": [cluster_reconciliation, broker_runs, charge_labels],
     "beat": [beat_election],
-    "web": [web_requests, web_eviction],
+    "web": [web_requests, web_eviction, web_drain],
     "extender": [extender_scheduling],
 }
 

@@ -43,8 +43,11 @@ class PodFacts:
 class QueueWorld:
     """The queue systems' objects, as far as they exist in the cluster.
 
-    A ``None`` set means that system's CRD is not installed: its resolver then works from pod
-    labels alone. An empty set means the CRD exists and has no objects.
+    A ``None`` set means that system's CRD is not installed. With ``labels_alone`` (the
+    embedded demo, which runs no queue system) its resolver then trusts pod labels; without it
+    (production: ``AKRI_QUEUE_LABELS_ALONE`` is off there) it names no queue: a label is any
+    string a tenant writes, another team's queue included, and only the queue system's objects
+    say which queues exist. An empty set means the CRD exists and has no objects.
     """
 
     kai_queues: frozenset[str] | None = None
@@ -64,6 +67,8 @@ class QueueWorld:
     # PodGroup's (namespace, name) and by the top owner's uid.
     kai_top_owners_by_podgroup: Mapping[tuple[str, str], Any] = field(default_factory=dict)
     kai_top_owners_by_uid: Mapping[str, Any] = field(default_factory=dict)
+    # Trust a queue label when its system's CRD is not installed (see the class docstring).
+    labels_alone: bool = True
 
     def known_queues(self) -> frozenset[str] | None:
         """Every queue some installed queue system defines; None when none is installed."""

@@ -54,7 +54,16 @@ class Resolution:
 Resolver = Callable[[PodFacts, QueueWorld], Resolution | None]
 
 
-def _checked(queue: str, known: frozenset[str] | None, system: str, how: str) -> Resolution:
+def _checked(
+    queue: str, known: frozenset[str] | None, system: str, how: str, world: QueueWorld
+) -> Resolution:
+    if known is None and not world.labels_alone:
+        return Resolution(
+            None,
+            system,
+            f"{how}, but {system} is not installed: no queue {queue!r} exists",
+            (f"unknown {system} queue {queue!r} ({how}; {system} is not installed)",),
+        )
     if known is not None and queue not in known:
         return Resolution(
             None,
@@ -74,12 +83,14 @@ def resolve_kai(pod: PodFacts, world: QueueWorld) -> Resolution | None:
     for where, labels in ((where_owner, owner_labels), ("pod", pod.labels)):
         queue = labels.get(KAI_QUEUE)
         if queue:
-            return _checked(queue, world.kai_queues, "kai", f"{where} label {KAI_QUEUE}={queue}")
+            how = f"{where} label {KAI_QUEUE}={queue}"
+            return _checked(queue, world.kai_queues, "kai", how, world)
     group = pod.annotations.get(KAI_PODGROUP)
     if group:
         queue = world.kai_podgroups.get((pod.namespace, group))
         if queue:
-            return _checked(queue, world.kai_queues, "kai", f"KAI PodGroup {group} spec.queue")
+            how = f"KAI PodGroup {group} spec.queue"
+            return _checked(queue, world.kai_queues, "kai", how, world)
     return None
 
 
@@ -90,6 +101,13 @@ def resolve_kueue(pod: PodFacts, world: QueueWorld) -> Resolution | None:
         return None
     how = f"label {KUEUE_QUEUE}={local}"
     if world.kueue_local_queues is None:
+        if not world.labels_alone:
+            return Resolution(
+                None,
+                "kueue",
+                f"{how}, but Kueue is not installed: no LocalQueue {pod.namespace}/{local} exists",
+                (f"unknown Kueue LocalQueue {pod.namespace}/{local} (Kueue is not installed)",),
+            )
         # No LocalQueue objects to read: the label Kueue adds after admission, else the name.
         cluster = pod.labels.get(KUEUE_CLUSTER_QUEUE)
         if cluster:
@@ -103,7 +121,7 @@ def resolve_kueue(pod: PodFacts, world: QueueWorld) -> Resolution | None:
             f"{how}, but there is no LocalQueue {pod.namespace}/{local}",
             (f"unknown Kueue LocalQueue {pod.namespace}/{local}",),
         )
-    return _checked(cluster, world.kueue_cluster_queues, "kueue", f"{how} -> {cluster}")
+    return _checked(cluster, world.kueue_cluster_queues, "kueue", f"{how} -> {cluster}", world)
 
 
 def resolve_volcano(pod: PodFacts, world: QueueWorld) -> Resolution | None:
@@ -113,11 +131,11 @@ def resolve_volcano(pod: PodFacts, world: QueueWorld) -> Resolution | None:
         queue = world.volcano_podgroups.get((pod.namespace, group))
         if queue:
             how = f"Volcano PodGroup {group} spec.queue"
-            return _checked(queue, world.volcano_queues, "volcano", how)
+            return _checked(queue, world.volcano_queues, "volcano", how, world)
     for key in (VOLCANO_QUEUE, VOLCANO_JOB_QUEUE):
         queue = pod.annotations.get(key) or pod.labels.get(key)
         if queue:
-            return _checked(queue, world.volcano_queues, "volcano", f"{key}={queue}")
+            return _checked(queue, world.volcano_queues, "volcano", f"{key}={queue}", world)
     return None
 
 

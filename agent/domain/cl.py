@@ -77,10 +77,12 @@ def cl_claimable(
     instances: Iterable[InstanceState], node: str, unique: bool, configuration: str
 ) -> int:
     """How many vdevs `node` could claim through CL right now (k in the module docstring)."""
+    # A cordoned Instance still counts in cl_count (listed Unhealthy, so the node's capacity
+    # stays stable) but offers nothing claimable.
     usable = usable_instances(instances, node, configuration)
     if unique:
-        return sum(1 for s in usable if s.free_slots())
-    return sum(len(s.free_slots()) for s in usable)
+        return sum(1 for s in usable if s.claimable_slots())
+    return sum(len(s.claimable_slots()) for s in usable)
 
 
 def cl_devices(
@@ -132,11 +134,11 @@ def _pick_unique(
     Taking from the Instance with the most free slots keeps more Instances with a free slot,
     so later unique requests are more likely to find enough distinct devices.
     """
-    candidates = [s for s in usable if s.name not in exclude and s.free_slots()]
-    candidates.sort(key=lambda s: (-len(s.free_slots()), s.name))
+    candidates = [s for s in usable if s.name not in exclude and s.claimable_slots()]
+    candidates.sort(key=lambda s: (-len(s.claimable_slots()), s.name))
     if len(candidates) < wanted:
         raise InsufficientDevices(requested, len(exclude) + len(candidates), unique=True)
-    return [(s.name, s.free_slots()[0]) for s in candidates[:wanted]]
+    return [(s.name, s.claimable_slots()[0]) for s in candidates[:wanted]]
 
 
 def _pick_packed(
@@ -147,7 +149,7 @@ def _pick_packed(
     Packing keeps whole Instances free for requests that need distinct devices.
     """
     ordered = sorted(usable, key=lambda s: (-s.used_count(), s.name))
-    slots = [(s.name, key) for s in ordered for key in s.free_slots()]
+    slots = [(s.name, key) for s in ordered for key in s.claimable_slots()]
     if len(slots) < wanted:
         raise InsufficientDevices(requested, reused + len(slots), unique=False)
     return slots[:wanted]

@@ -17,6 +17,7 @@ and the caller stops it when it cannot (Akri does the same).
 import enum
 from collections.abc import Sequence
 
+from agent.domain.cordon import InstanceCordoned
 from agent.domain.errors import ForeignValue, InvalidDeviceId, SlotChanged, SlotTaken
 from agent.domain.jsonpatch import pointer
 from agent.domain.naming import slot_index
@@ -34,6 +35,7 @@ class ClaimOutcome(enum.Enum):
     TAKEN = "taken"  # held by another node or through the other plugin
     FOREIGN = "foreign"  # a value we do not understand: refuse, never overwrite
     NO_SLOT = "no-slot"  # not a slot key of this Instance, or free but beyond capacity
+    CORDONED = "cordoned"  # free, but the Instance is cordoned: no new claims
 
 
 class ReleaseOutcome(enum.Enum):
@@ -76,6 +78,9 @@ def decide_claim(state: InstanceState, key: str, wanted: str) -> ClaimOutcome:
         return ClaimOutcome.TAKEN
     if index >= state.capacity:
         return ClaimOutcome.NO_SLOT
+    if state.cordon is not None:
+        # After ALREADY_OURS: a kubelet re-asking for a slot its pod holds is not a new claim.
+        return ClaimOutcome.CORDONED
     return ClaimOutcome.CLAIM
 
 
@@ -93,6 +98,8 @@ def claim_patch(state: InstanceState, key: str, wanted: str, resource_version: s
         raise ForeignValue(key, state.usage(key).raw)
     if outcome is ClaimOutcome.NO_SLOT:
         raise InvalidDeviceId(key, f"not a slot of {state.name} (capacity {state.capacity})")
+    if outcome is ClaimOutcome.CORDONED:
+        raise InstanceCordoned(state.name, key, state.cordon)
     return claim_ops(state, key, wanted, resource_version)
 
 

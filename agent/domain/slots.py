@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from agent.domain.cordon import Cordon, cordon_of
 from agent.domain.naming import slot_index, slot_key
 
 HEALTHY = "Healthy"
@@ -126,28 +127,33 @@ def stray_keys(instance: str, device_usage: Mapping[str, Any] | None) -> dict[st
     }
 
 
-def il_health(usage: Usage, this_node: str, surplus: bool = False) -> str:
+def il_health(usage: Usage, this_node: str, surplus: bool = False, cordoned: bool = False) -> str:
     """Health of one slot in the IL plugin's ListAndWatch (akri-compat.md §4.3).
 
     A slot this node holds stays Healthy so that kubelet can re-ask for it (Akri PR #556). A
     CL-held slot is Unhealthy everywhere, even on its own node: the IL plugin did not hand it
-    out, so kubelet must not offer it to an IL request.
+    out, so kubelet must not offer it to an IL request. A free slot of a cordoned Instance is
+    Unhealthy: Allocate would refuse it, and health must not offer what Allocate refuses.
     """
     if surplus:
         return UNHEALTHY
     if usage.is_free:
-        return HEALTHY
+        return UNHEALTHY if cordoned else HEALTHY
     if usage.kind is UsageKind.NODE and usage.node == this_node:
         return HEALTHY
     return UNHEALTHY
 
 
 def il_devices(
-    instance: str, capacity: int, device_usage: Mapping[str, Any] | None, this_node: str
+    instance: str,
+    capacity: int,
+    device_usage: Mapping[str, Any] | None,
+    this_node: str,
+    cordoned: bool = False,
 ) -> list[tuple[str, str]]:
     """(kubelet device id, health) for the IL plugin of `instance` on `this_node`."""
     return [
-        (view.key, il_health(view.usage, this_node, view.surplus))
+        (view.key, il_health(view.usage, this_node, view.surplus, cordoned))
         for view in slot_views(instance, capacity, device_usage)
     ]
 
@@ -207,6 +213,8 @@ class InstanceState:
     device_usage_present: bool = True
     # False when ``capacity`` was not read from spec.capacity (Akri v0.12 objects).
     capacity_present: bool = True
+    # The Instance's cordon (annotation, agent.domain.cordon), or None: no new claims.
+    cordon: Cordon | None = None
     _views: tuple[SlotView, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -235,6 +243,7 @@ class InstanceState:
             shared=bool(spec.get("shared", False)),
             device_usage_present=spec.get("deviceUsage") is not None,
             capacity_present=_valid_capacity(spec.get("capacity")),
+            cordon=cordon_of(obj),
         )
 
     def views(self) -> list[SlotView]:
@@ -250,6 +259,10 @@ class InstanceState:
     def free_slots(self) -> list[str]:
         """Keys of free slots within capacity, in index order."""
         return [v.key for v in self._views if v.usage.is_free and not v.surplus]
+
+    def claimable_slots(self) -> list[str]:
+        """Free slots a new claim may take: none while the Instance is cordoned."""
+        return [] if self.cordon is not None else self.free_slots()
 
     def held_by(self, node: str) -> list[str]:
         """Keys of slots `node` holds through either plugin, surplus ones included."""

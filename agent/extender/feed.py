@@ -26,6 +26,8 @@ from django.db.models import Count, Max
 from kubernetes import client
 
 from agent.dbthreads import closing_connections
+from agent.domain.cordon import ANNOTATION as CORDON_ANNOTATION
+from agent.domain.cordon import parse_cordon
 from agent.domain.slots import InstanceState
 from agent.extender.state import SchedulerState
 from agent.models import Configuration, Instance
@@ -89,6 +91,7 @@ def _state_of(row: Instance) -> InstanceState:
         device_usage=row.device_usage or {},
         nodes=tuple(row.nodes or ()),
         shared=row.shared,
+        cordon=parse_cordon({CORDON_ANNOTATION: row.cordon} if row.cordon is not None else None),
     )
 
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agent.domain.configspec import InvalidConfiguration, parse_configuration
+from agent.domain.cordon import ANNOTATION as CORDON_ANNOTATION
 from agent.domain.slots import UsageKind, parse_usage, slot_views
 from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
 
@@ -160,11 +161,19 @@ def _instance_fields(obj: dict[str, Any], now: datetime, *, direct: bool = False
         "nodes": list(spec.get("nodes") or []),
         "broker_properties": dict(spec.get("brokerProperties") or {}),
         "device_usage": dict(spec.get("deviceUsage") or {}),
+        "cordon": _cordon_value(meta),
         "deleting": bool(meta.get("deletionTimestamp")),
         "created_at": _created(meta),
         "pending_rv": rv if direct else "",
         "pending_at": now if direct else None,
     }
+
+
+def _cordon_value(meta: dict[str, Any]) -> str | None:
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict) or CORDON_ANNOTATION not in annotations:
+        return None
+    return str(annotations[CORDON_ANNOTATION])
 
 
 # The two lookups every watch event and every claim's answer makes, as plain SQL through

@@ -31,6 +31,8 @@ from agent.domain.claims import (
     decide_release,
     release_ops,
 )
+from agent.domain.cordon import ANNOTATION as CORDON_ANNOTATION
+from agent.domain.cordon import cordon_of
 from agent.domain.errors import SlotChanged, SlotTaken
 from agent.domain.slots import InstanceState
 from agent.kube import cache
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ClaimStore",
     "ClaimStoreError",
+    "Cordoned",
     "InstanceGone",
     "SlotChanged",
     "SlotTaken",
@@ -61,6 +64,10 @@ class InstanceGone(ClaimStoreError):
 
 class UnknownSlot(ClaimStoreError):
     """The key is not a slot of the Instance."""
+
+
+class Cordoned(ClaimStoreError):
+    """A new claim on a free slot of a cordoned Instance (agent.domain.cordon)."""
 
 
 class WriteUnknown(ClaimStoreError):
@@ -135,20 +142,52 @@ class ClaimStore:
         only a decision to write comes from it, anything else is confirmed by a fresh read.
         """
 
+        # A cordon stops new pods only. A restore writes back the slot of a pod that already
+        # runs on the device (after a release by hand, say): that slot is held in fact, and a
+        # cordon leaves held slots as they are.
+        new_pod = cause == SlotEvent.Cause.ALLOCATE
+
         def plan(state: InstanceState, rv: str) -> _Plan:
             outcome = decide_claim(state, key, wanted)
+            if outcome is ClaimOutcome.CORDONED and not new_pod:
+                outcome = ClaimOutcome.CLAIM
             if outcome is ClaimOutcome.CLAIM:
                 return _Plan(ops=claim_ops(state, key, wanted, rv))
             if outcome is ClaimOutcome.ALREADY_OURS:
                 return _Plan(result="already ours")
             if outcome is ClaimOutcome.NO_SLOT:
                 return _Plan(refusal=UnknownSlot(f"{key} is not a slot of Instance {instance}"))
+            if outcome is ClaimOutcome.CORDONED:
+                why = state.cordon.describe() if state.cordon else "cordoned"
+                return _Plan(refusal=Cordoned(f"Instance {instance} is {why}"))
             return _Plan(refusal=SlotTaken(key, state.device_usage.get(key, "")))
 
         attribution = cache.Attribution(
             cause, self.actor, node=node, pod=pod, detail=detail, run=run
         )
-        return self._change("claim", "claimed", instance, key, wanted, plan, attribution, current)
+        result = self._change("claim", "claimed", instance, key, wanted, plan, attribution, current)
+        if result == "claimed" and new_pod:
+            self._undo_if_cordoned(instance, key, wanted, node)
+        return result
+
+    def _undo_if_cordoned(self, instance: str, key: str, wanted: str, node: str) -> None:
+        """A claim decided from a view that had not heard of a cordon yet passes its
+        conditions (the slot's ""): JSON patch cannot test that an annotation is absent. The
+        API server's answer is the truth at the moment of the write, so when it carries a
+        cordon, the cordon came first: undo the claim (conditionally) and refuse it. A cordon
+        written after the claim is not in the answer, and the slot is then held, as it should
+        be."""
+        found = cordon_of(self.last_seen.get(instance))
+        if found is None:
+            return
+        self.release(
+            instance,
+            key,
+            wanted,
+            node=node,
+            detail=f"rolled back: Instance {instance} is {found.describe()}",
+        )
+        raise Cordoned(f"Instance {instance} is {found.describe()}")
 
     def release(
         self,
@@ -233,13 +272,18 @@ class ClaimStore:
                 "device_usage",
                 "nodes",
                 "shared",
+                "cordon",
             )
             .first()
         )
         if row is None or not row["resource_version"]:
             return None
+        metadata: dict[str, Any] = {"name": row["name"], "resourceVersion": row["resource_version"]}
+        if row["cordon"] is not None:
+            # A claim decided from the cache must see the cordon, or it would write past it.
+            metadata["annotations"] = {CORDON_ANNOTATION: row["cordon"]}
         return {
-            "metadata": {"name": row["name"], "resourceVersion": row["resource_version"]},
+            "metadata": metadata,
             "spec": {
                 "configurationName": row["configuration_name"],
                 "capacity": row["capacity"],

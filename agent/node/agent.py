@@ -45,6 +45,7 @@ from agent.discovery.base import DiscoveredDevice, DiscoveryHandler, HandlerRegi
 from agent.discovery.debugecho import DEFAULT_AVAILABILITY_PATH, DebugEchoHandler
 from agent.discovery.external import ReconnectPolicy, RegistrationServer
 from agent.discovery.udev import UdevHandler
+from agent.domain.cordon import ANNOTATION as CORDON_ANNOTATION
 from agent.domain.naming import (
     cl_resource_name,
     il_resource_name,
@@ -825,6 +826,9 @@ def _instance_object(row: Instance) -> dict[str, Any]:
     }
     if row.deleting:
         metadata["deletionTimestamp"] = "unknown"
+    if row.cordon is not None:
+        # The plugins' health and Allocate read the cordon from here (agent.domain.cordon).
+        metadata["annotations"] = {CORDON_ANNOTATION: row.cordon}
     return {
         "metadata": metadata,
         "spec": {

@@ -231,6 +231,8 @@ def _unusable(
         state = usable.get(instance)
         if state is None:
             return f"Instance {instance} is not usable here"
+        if state.cordon is not None:
+            return f"Instance {instance} is {state.cordon.describe()}"
         if key not in state.free_slots():
             return f"slot {key} is no longer free"
     return ""

@@ -77,7 +77,13 @@ class InstancePlugin(DevicePlugin):
         state = self.agent.view.state(self.instance)
         if state is None:
             return []
-        return il_devices(state.name, state.capacity, state.device_usage, self.agent.node_name)
+        return il_devices(
+            state.name,
+            state.capacity,
+            state.device_usage,
+            self.agent.node_name,
+            cordoned=state.cordon is not None,
+        )
 
     # --- Allocate ---------------------------------------------------------------------------
     def allocate(self, request: dp.AllocateRequest, respond: Respond) -> None:

@@ -94,6 +94,7 @@ def world() -> QueueWorld:
         default_queue=settings.AKRI_QUEUES["DEFAULT_QUEUE"],
         kai_top_owners_by_podgroup=by_podgroup,
         kai_top_owners_by_uid=by_uid,
+        labels_alone=settings.AKRI_QUEUES["LABELS_ALONE"],
     )
 
 

@@ -109,7 +109,7 @@ class RefusalWriter:
         while True:
             try:
                 close_old_connections()
-                Refusal.objects.bulk_create(rows)  # one transaction: all rows or none
+                Refusal.objects.bulk_create(collapse(rows))  # one transaction: all or none
                 backoff.succeeded()
                 return
             except DATABASE_AWAY as exc:
@@ -145,6 +145,25 @@ class RefusalWriter:
 
 
 REFUSALS = RefusalWriter()
+
+# What makes two refusals the same one (all but the time).
+SAME = ("operation", "resource", "namespace", "name", "username", "queue", "claim", "owner")
+SAME += ("rule", "message")
+
+
+def collapse(rows: list[Refusal]) -> list[Refusal]:
+    """Identical refusals of one batch as one row with their count (``repeats``), at the last
+    one's time: a flood of the same review costs a row per batch, not a row per review."""
+    out: dict[tuple, Refusal] = {}
+    for row in rows:
+        key = tuple(getattr(row, f) for f in SAME)
+        kept = out.get(key)
+        if kept is None:
+            out[key] = row
+        else:
+            kept.repeats += row.repeats
+            kept.at = max(kept.at, row.at)
+    return list(out.values())
 
 
 def _from_database(body: bytes) -> tuple[int, dict[str, Any]]:
@@ -182,6 +201,20 @@ class WebhookApp:
         else:
             status, payload = await review(body)
         await _send(send, status, json.dumps(payload).encode(), JSON_HEADERS)
+
+
+async def _not_found(scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 4404})
+        return
+    if scope["type"] == "http":
+        await _send(send, 404, b"not found: this port serves only the admission webhook\n", [])
+
+
+def webhook_only() -> WebhookApp:
+    """The webhook listener's whole application (``runweb --webhook``): the review path, and
+    a 404 for anything else: no page, API, admin or websocket is reachable on this port."""
+    return WebhookApp(_not_found)
 
 
 async def _body(receive: Any, limit: int | None) -> bytes | None:

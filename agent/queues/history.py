@@ -2,7 +2,8 @@
 
 ``sample()`` records one ``ChargeSample`` per queue and resource for the current interval
 (queue "" holds what no queue pays for); ``prune_samples()`` drops samples and webhook
-refusals past ``AKRI_QUEUE_HISTORY_HOURS``, in batches like ``agent.retention``.
+refusals past ``AKRI_QUEUE_HISTORY_HOURS`` (and refusals beyond ``AKRI_QUEUE_REFUSALS_MAX``
+rows), in batches like ``agent.retention``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agent.charges.owner import ClaimCharge, UserView, totals
@@ -111,4 +113,20 @@ def prune_samples(now: datetime | None = None) -> int:
             if not batch:
                 break
             deleted += model.objects.filter(pk__in=batch).delete()[0]
-    return deleted
+    return deleted + prune_refusals_over(int(settings.AKRI_QUEUES["REFUSALS_MAX"]))
+
+
+def prune_refusals_over(limit: int) -> int:
+    """Keep the newest ``limit`` refusal rows, whatever their age; the oldest go first."""
+    deleted = 0
+    while True:
+        # The (limit + 1)-th newest row and all older ones are over the bound.
+        edge = Refusal.objects.order_by("-at", "-id").values_list("at", "id")[limit : limit + 1]
+        if not edge:
+            return deleted
+        at, pk = edge[0]
+        over = Refusal.objects.filter(Q(at__lt=at) | Q(at=at, id__lte=pk))
+        batch = list(over.order_by("at", "id").values_list("pk", flat=True)[:500])
+        if not batch:
+            return deleted
+        deleted += Refusal.objects.filter(pk__in=batch).delete()[0]

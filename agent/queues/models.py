@@ -197,6 +197,9 @@ class Refusal(models.Model):
     owner = models.CharField(max_length=253, blank=True)
     rule = models.CharField(max_length=64)
     message = models.TextField()
+    # Identical refusals written together (one batch of the webhook's writer) are one row:
+    # a flood of the same forged review is a count, not thousands of rows (issue 29 item 6).
+    repeats = models.PositiveIntegerField(default=1)
 
     class Meta:
         ordering = ["-at", "-id"]

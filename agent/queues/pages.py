@@ -6,7 +6,9 @@ app_name = "queues"
 
 urlpatterns = [
     path("", views.queues, name="queues"),
-    path("q/<str:queue>/", views.queue_detail, name="queue"),
+    # <path:>, not <str:>: a queue name is what the queue system allows, "/" included (a
+    # Volcano queue named "a/b" made every page linking to it a 500).
+    path("q/<path:queue>/", views.queue_detail, name="queue"),
     path("claims/<str:kind>/<str:namespace>/<str:name>/", views.claim_detail, name="claim"),
     path(
         "claims/<str:kind>/<str:namespace>/<str:name>/evict/",

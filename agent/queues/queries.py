@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max, Min
+from django.db.models import Max, Min, Sum
 from django.utils import timezone
 
 from agent.charges.facts import AKRI, DRA, PodFacts
@@ -200,14 +200,14 @@ def refusal_groups(start: datetime, end: datetime | None = None) -> dict[str, An
         qs = qs.filter(at__lt=end)
     rows = list(
         qs.values(*_REFUSAL_KEY)
-        .annotate(count=Count("id"), first=Min("at"), last=Max("at"))
+        .annotate(count=Sum("repeats"), first=Min("at"), last=Max("at"))
         .order_by("-last")[: REFUSAL_GROUPS_SHOWN + 1]
     )
     groups = []
     for row in rows[:REFUSAL_GROUPS_SHOWN]:
         members = qs.filter(**{k: row[k] for k in _REFUSAL_KEY})
         latest = members.order_by("-at", "-id").values("message").first()
-        pods = members.values("namespace", "name").annotate(n=Count("id"), last=Max("at"))
+        pods = members.values("namespace", "name").annotate(n=Sum("repeats"), last=Max("at"))
         named = list(pods.order_by("-last")[: REFUSAL_PODS_SHOWN + 1])
         groups.append(
             {
@@ -222,5 +222,5 @@ def refusal_groups(start: datetime, end: datetime | None = None) -> dict[str, An
     return {
         "groups": groups,
         "more_groups": len(rows) > REFUSAL_GROUPS_SHOWN,
-        "total": qs.count(),
+        "total": qs.aggregate(n=Sum("repeats"))["n"] or 0,
     }

@@ -16,13 +16,16 @@ from django.urls import reverse
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 
 from agent.charges.facts import AKRI, DRA
 from agent.queues import evict, queries
 from agent.queues.forms import EvictForm, QueueRangeForm
 from akri_site.dashboard.access import role_of, viewer_required
-from akri_site.dashboard.apiauth import ApiView
+from akri_site.dashboard.apiauth import JSON_OBJECT, ApiView, query
+from akri_site.dashboard.forms import RANGES
 
 KINDS = (AKRI, DRA)
 
@@ -141,6 +144,10 @@ def evict_foreign(request: HttpRequest, kind: str, namespace: str, name: str) ->
 # The same sign-in and role as every endpoint under /api/ (a token or the session; 401 without
 # credentials or with a bad token, 403 without a role): see ``akri_site.dashboard.apiauth``.
 @method_decorator(never_cache, name="dispatch")
+@extend_schema(
+    responses={200: OpenApiTypes.OBJECT},
+    summary="Queues now: owners, usage, charges and the latest refusals.",
+)
 class QueuesApi(ApiView):
     def get(self, request: Request) -> JsonResponse:
         data = queries.overview()
@@ -160,6 +167,15 @@ class QueuesApi(ApiView):
 
 
 @method_decorator(never_cache, name="dispatch")
+@extend_schema(
+    parameters=[
+        query("queue", "Only this queue's charges."),
+        query("source", "Only charges from this source.", enum=sorted(queries.SOURCES)),
+        query("problems", "`1`: only charges with a problem.", enum=["1"]),
+    ],
+    responses=JSON_OBJECT,
+    summary="The current charges, one row per pod or claim.",
+)
 class ChargesApi(ApiView):
     def get(self, request: Request) -> JsonResponse:
         source = request.GET.get("source", "")
@@ -177,6 +193,16 @@ class ChargesApi(ApiView):
 
 
 @method_decorator(never_cache, name="dispatch")
+@extend_schema(
+    parameters=[
+        query("range", "A preset range, or `custom` with `start`.", enum=[r for r, _ in RANGES]),
+        query("start", "Custom range start (ISO 8601).", kind=OpenApiTypes.DATETIME),
+        query("end", "Custom range end (ISO 8601); now when absent.", kind=OpenApiTypes.DATETIME),
+        query("queue", "Only this queue."),
+    ],
+    responses=JSON_OBJECT,
+    summary="Charges over time per queue.",
+)
 class HistoryApi(ApiView):
     def get(self, request: Request) -> JsonResponse:
         form, window = _range(request)

@@ -47,6 +47,7 @@ from agent.queues import facts as queue_facts
 from agent.queues.cache import owner_uids, pod_claims
 from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
 from agent.queues.review import Request, parse, response
+from agent.retrying import DATABASE_AWAY
 from agent.sharing.pods import quantity
 from agent.sharing.policy import PolicyError
 
@@ -80,6 +81,11 @@ def answer(body: bytes, lookup: Lookup | None, record: Recorder) -> tuple[int, d
         return 400, {"error": f"malformed AdmissionReview: {exc}"}
     try:
         verdict = admit(review, lookup, record)
+    except DATABASE_AWAY as exc:
+        # One line, no traceback: an outage would log one per review. The API server applies
+        # the webhook's failurePolicy to a 503.
+        log.warning("webhook: database unavailable, review not decided: %s", exc)
+        return 503, {"error": "database unavailable"}
     except (AttributeError, TypeError, ValueError) as exc:
         # The API server sends objects its own schema accepted; this is some other caller.
         return 400, {

@@ -11,6 +11,10 @@ slots do (packing), Unresolvable when the visible Instances' capacities add up t
 Allocation mirrors the agent's own choice: unique takes the Instances with the most free slots
 first (keeping more Instances free for later unique requests); packing fills the most-used
 Instance first (keeping whole Instances free).
+
+Cordoned Instances (agent.domain.cordon) count as absent: no new pod may get their slots, and
+a refusal names them with the cordon in words, so the operator sees why a node with devices
+turns pods away.
 """
 
 from __future__ import annotations
@@ -35,10 +39,15 @@ class AkriConfigurationPolicy(AkriSlotPolicy):
     ) -> tuple[Verdict, list[str]]:
         """The verdict, and (with ``choose``) the slots to take."""
         info = self.slots.configurations[configuration]
-        usable = self.slots.usable(configuration)
+        visible = self.slots.usable(configuration)
+        usable = [s for s in visible if s.cordon is None]
         if info.unique_devices:
-            return self._plan_unique(configuration, usable, count, choose)
-        return self._plan_packed(configuration, usable, count)
+            verdict, keys = self._plan_unique(configuration, usable, count, choose)
+        else:
+            verdict, keys = self._plan_packed(configuration, usable, count)
+        if verdict[0] is not Code.SUCCESS:
+            verdict = (verdict[0], verdict[1] + self.slots.cordon_note(visible))
+        return verdict, keys
 
     def _plan_unique(
         self, configuration: str, usable: list[InstanceState], count: int, choose: bool

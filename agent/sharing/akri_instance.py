@@ -3,7 +3,8 @@
 Fits when the node can see the Instance and it has as many free slots as asked (free in
 ``deviceUsage`` and not assumed by a pod bound moments ago). Unresolvable when the node cannot
 see the Instance, or its capacity is below the request: no eviction would change that.
-Unschedulable when the slots exist but are busy.
+Unschedulable when the slots exist but are busy. A cordoned Instance (agent.domain.cordon) is
+treated as absent, Unresolvable with the cordon in words: evicting pods would not open it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class AkriInstancePolicy(AkriSlotPolicy):
             return Code.UNRESOLVABLE, (
                 f"Instance {instance} has capacity {state.capacity}, {count} slots requested"
             )
+        if state.cordon is not None:
+            return Code.UNRESOLVABLE, f"Instance {instance} is {state.cordon.describe()}"
         free = self.slots.free_count(instance)
         if free < count:
             return Code.UNSCHEDULABLE, (

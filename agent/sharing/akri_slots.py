@@ -111,9 +111,10 @@ class AkriSlots:
         self.configurations = inventory.configurations
         self.instances: dict[str, InstanceState] = {s.name: s for s in inventory.instances}
         self._elsewhere = inventory.reserved  # assumed by pods bound to other nodes
-        # Slots free in deviceUsage and not assumed on another node: fixed for these books.
+        # Slots free in deviceUsage and not assumed on another node: fixed for these books. A
+        # cordoned Instance has none (claimable_slots): no new pod may get one of its slots.
         self._free = {
-            s.name: [k for k in s.free_slots() if k not in self._elsewhere]
+            s.name: [k for k in s.claimable_slots() if k not in self._elsewhere]
             for s in inventory.instances
         }
         self._cl_held = self._count_cl_held(inventory.instances)
@@ -164,6 +165,11 @@ class AkriSlots:
     def with_free(self, configuration: str) -> int:
         """Instances of ``configuration`` this node sees that have a free slot."""
         return self._with_free.get(configuration, 0)
+
+    def cordon_note(self, states: Iterable[InstanceState]) -> str:
+        """The cordons among ``states`` in words, to append to a refusal ("" when none)."""
+        notes = [f"Instance {s.name} is {s.cordon.describe()}" for s in states if s.cordon]
+        return "; " + "; ".join(notes) if notes else ""
 
     def cl_held(self, configuration: str) -> int:
         """Slots this node holds or is assumed to hold through the CL plugin."""

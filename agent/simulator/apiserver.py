@@ -10,8 +10,8 @@ against one: `scripts/real-apiserver`, and tests/test_apiserver_parity.py runs o
 - built-in types as plain storage: core/v1 Pods, Nodes, Services, ConfigMaps, Secrets, Namespaces,
   Events, ServiceAccounts; batch/v1 Jobs; apps/v1 Deployments, DaemonSets; coordination/v1
   Leases; resource.k8s.io/v1 ResourceClaims, ResourceClaimTemplates, ResourceSlices,
-  DeviceClasses; `/status` where the real types have it; `pods/binding`; `pods/eviction`
-  (no PodDisruptionBudgets: an eviction deletes the pod);
+  DeviceClasses; policy/v1 PodDisruptionBudgets; `/status` where the real types have it;
+  `pods/binding`; `pods/eviction` (budgets honoured as kube-apiserver does: `apiserver_pdb`);
 - server-owned metadata (uid, opaque resourceVersion from one global counter, creationTimestamp,
   generation, generateName), 201/409/404/422/400/415 with Status bodies shaped like the real ones;
 - custom resources pruned, defaulted and validated against their CRD version's structural schema
@@ -99,6 +99,7 @@ from agent.simulator.apiserver_patch import (
     merge_patch,
     strategic_merge_patch,
 )
+from agent.simulator.apiserver_pdb import check_eviction
 from agent.simulator.apiserver_select import (
     SelectorError,
     fields_match,
@@ -799,10 +800,17 @@ class ApiServerSimulator:
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def _evict(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> dict:
-        """``pods/eviction`` (policy/v1 Eviction): no PodDisruptionBudgets here, so an eviction
-        is the pod's deletion with the Eviction's deleteOptions, answered 201 Success."""
+        """``pods/eviction`` (policy/v1 Eviction): the pod's deletion with the Eviction's
+        deleteOptions, answered 201 Success, unless its PodDisruptionBudget forbids it now
+        (429, ``apiserver_pdb``)."""
         if not isinstance(body, dict) or body.get("kind") != "Eviction":
             raise bad_request("the body must be a policy/v1 Eviction")
+        pdb_rt = self.store.types.get(("policy", "poddisruptionbudgets"))
+        if pdb_rt is not None:  # a dry run is checked too, as kube-apiserver does
+            pod = self.store.get(rt, ns, name)
+            budgets, _, _, _ = self.store.list(pdb_rt, ns, [], [])
+            pods, _, _, _ = self.store.list(rt, ns, [], [])
+            check_eviction(pod, budgets, pods)
         options = body.get("deleteOptions") or {}
         raw = json.dumps(options).encode() if options else b""
         self._delete(rt, "v1", ns, name, raw, "application/json", {}, dry_run)

@@ -195,6 +195,8 @@ def builtin_types() -> list[ResourceType]:
         ResourceType("apps", ("v1",), "daemonsets", "DaemonSet", True, status=True,
                      short_names=("ds",), categories=("all",), create_status="drop"),
         ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True),
+        ResourceType("policy", ("v1",), "poddisruptionbudgets", "PodDisruptionBudget", True,
+                     status=True, short_names=("pdb",), create_status="drop"),
         ResourceType(resource, ("v1",), "resourceclaims", "ResourceClaim", True, status=True,
                      create_status="drop", delete_returns_object=True),
         ResourceType(resource, ("v1",), "resourceclaimtemplates", "ResourceClaimTemplate", True,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth import urls as auth_urls
-from django.urls import URLPattern
+from django.urls import URLPattern, path
+
+from akri_site.dashboard import tokenpages
 
 RESET_PAGES = {
     "password_reset",
@@ -22,4 +24,8 @@ def patterns(mail: bool) -> list[URLPattern]:
     return [p for p in auth_urls.urlpatterns if mail or p.name not in RESET_PAGES]
 
 
-urlpatterns = patterns(bool(settings.EMAIL_HOST))
+urlpatterns = [
+    *patterns(bool(settings.EMAIL_HOST)),
+    # A user's own API tokens (akri_site.dashboard.tokenpages).
+    path("tokens/", tokenpages.my_tokens, name="my-tokens"),
+]

@@ -5,8 +5,9 @@ needs no project-wide ``REST_FRAMEWORK`` settings; the sign-in and the role chec
 ``apiauth``'s, shared with every other endpoint under ``/api/``. OpenAPI schema at
 ``/api/schema/``.
 
-Scripts sign in with a per-user token (``Authorization: Token <key>``, DRF's authtoken; made
-with ``manage.py apitoken`` or in the admin); a token carries exactly its user's role. As on the
+Scripts sign in with a token of their user (``Authorization: Token <key>``; stored hashed,
+expiring, see ``tokens``; made with ``manage.py apitoken`` or in the admin); a token carries
+exactly its user's role. As on the
 pages, a query parameter the endpoint does not know, a node name nothing knows or an
 ``ordering`` field that is not offered is a 400 naming it: a typo must not read as "no rows".
 Interactive documentation (Swagger UI, from static files) at ``/api/docs/``.
@@ -32,7 +33,8 @@ from rest_framework.routers import APIRootView, DefaultRouter
 from agent.models import Configuration, Instance, Node, ReconcileRun, Slot, SlotEvent
 from akri_site.dashboard import charts
 from akri_site.dashboard.apiauth import AUTHENTICATION, IsViewer
-from akri_site.dashboard.forms import known_nodes
+from akri_site.dashboard.cordoning import CordonListView
+from akri_site.dashboard.forms import UtcIsoDateTimeField, known_nodes
 from akri_site.dashboard.queries import RUN_FIELDS
 from akri_site.dashboard.slotmap import HELD_LEVELS, STUCK_STATES, StuckRules, slot_state
 
@@ -80,6 +82,7 @@ class InstanceSerializer(serializers.ModelSerializer):
             "nodes",
             "broker_properties",
             "device_usage",
+            "cordon",
             "deleting",
             "created_at",
             "updated_at",
@@ -210,7 +213,11 @@ class _NodeForm(forms.Form):
     def clean_node(self) -> str:
         node = self.cleaned_data.get("node") or ""
         if node and node not in self.known_nodes():
-            raise forms.ValidationError(f"No node named “{node}” is known.")
+            # A parameter, not an f-string: the message is %-formatted later, and a node name
+            # with a "%" in it raised there (a 500).
+            raise forms.ValidationError(
+                "No node named “%(node)s” is known.", code="unknown", params={"node": node}
+            )
         return node
 
     def known_nodes(self) -> set[str]:
@@ -296,11 +303,17 @@ class NodeFilter(filters.FilterSet):
         fields = ["name", "ready", "deleted"]
 
 
+class UtcIsoDateTimeFilter(filters.IsoDateTimeFilter):
+    """An ISO 8601 time filter whose value reaches the query in UTC (``forms.as_utc``)."""
+
+    field_class = UtcIsoDateTimeField
+
+
 class RunFilter(filters.FilterSet):
     scope = filters.ChoiceFilter(choices=ReconcileRun.Scope.choices)
     trigger = filters.ChoiceFilter(choices=ReconcileRun.Trigger.choices)
-    started_after = filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
-    started_before = filters.IsoDateTimeFilter(field_name="started_at", lookup_expr="lt")
+    started_after = UtcIsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
+    started_before = UtcIsoDateTimeFilter(field_name="started_at", lookup_expr="lt")
     changed = filters.BooleanFilter(method="filter_changed")
 
     class Meta:
@@ -316,8 +329,8 @@ class RunFilter(filters.FilterSet):
 class EventFilter(filters.FilterSet):
     cause = filters.ChoiceFilter(choices=SlotEvent.Cause.choices)
     # Not "after"/"before": those are the slot's values around the change.
-    at_after = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
-    at_before = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
+    at_after = UtcIsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    at_before = UtcIsoDateTimeFilter(field_name="at", lookup_expr="lt")
 
     class Meta:
         model = SlotEvent
@@ -426,5 +439,6 @@ urlpatterns = [
         "charts/release-latency/", charts.ReleaseLatencyView.as_view(), name="chart-release-latency"
     ),
     path("docs/", DocsView.as_view(), name="docs"),
+    path("cordons/", CordonListView.as_view(), name="cordons"),
     *router.urls,
 ]

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from akri_site.dashboard.access import can_view
+from akri_site.dashboard.tokens import HashedTokenAuthentication
 
-AUTHENTICATION = [TokenAuthentication, SessionAuthentication]
+# Tokens are checked against their stored hashes (``tokens``): DRF's own model kept them in clear.
+AUTHENTICATION = [HashedTokenAuthentication, SessionAuthentication]
 
 
 class IsViewer(BasePermission):
@@ -31,9 +36,26 @@ class IsViewer(BasePermission):
 
 class ApiView(APIView):
     """A JSON endpoint of the API that no viewset serves: the same sign-in and role as the
-    viewsets. Left out of the OpenAPI schema, which describes the cache's lists."""
+    viewsets. In the OpenAPI schema too (a script reads the charts and the queues as it reads
+    the lists); each endpoint names its parameters with ``extend_schema``."""
 
     authentication_classes = AUTHENTICATION
     permission_classes = [IsViewer]
     renderer_classes = [JSONRenderer]
-    schema = None
+    schema = AutoSchema()
+
+
+def query(name: str, description: str, *, enum: Any = None, kind: Any = None) -> Any:
+    """One optional query parameter of an ``ApiView`` endpoint, for its ``extend_schema``."""
+    return OpenApiParameter(
+        name,
+        kind or OpenApiTypes.STR,
+        OpenApiParameter.QUERY,
+        required=False,
+        description=description,
+        enum=list(enum) if enum is not None else None,
+    )
+
+
+# What an ``ApiView`` endpoint answers: a JSON object, or a 400 naming the bad parameters.
+JSON_OBJECT = {200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT}

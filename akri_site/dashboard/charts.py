@@ -23,12 +23,14 @@ from django import forms
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Sum
 from django.urls import reverse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from agent.models import Configuration, Instance, ReleaseSample, UsageSample
 from agent.usage import minute_of
-from akri_site.dashboard.apiauth import ApiView
+from akri_site.dashboard.apiauth import JSON_OBJECT, ApiView, query
 from akri_site.dashboard.forms import RANGES, _RangeMixin, known_nodes
 
 MAX_POINTS = 360
@@ -194,6 +196,23 @@ def _validated(request: Any, allowed: frozenset[str]) -> ChartRangeForm:
     return form
 
 
+RANGE_PARAMETERS = [
+    query("range", "A preset range, or `custom` with `start`.", enum=[r for r, _ in CHART_RANGES]),
+    query("start", "Custom range start (ISO 8601).", kind=OpenApiTypes.DATETIME),
+    query("end", "Custom range end (ISO 8601); now when absent.", kind=OpenApiTypes.DATETIME),
+    query("node", "Only this node (a known one)."),
+]
+
+
+@extend_schema(
+    parameters=[
+        *RANGE_PARAMETERS,
+        query("configuration", "Only this Configuration (a known one)."),
+        query("namespace", "Only this namespace."),
+    ],
+    responses=JSON_OBJECT,
+    summary="Slot usage over time (held, free, foreign per bucket).",
+)
 class UsageView(ApiView):
     def get(self, request: Any) -> Response:
         form = _validated(request, USAGE_PARAMETERS)
@@ -210,6 +229,11 @@ class UsageView(ApiView):
         )
 
 
+@extend_schema(
+    parameters=RANGE_PARAMETERS,
+    responses=JSON_OBJECT,
+    summary="Release latency over time (mean and worst per bucket).",
+)
 class ReleaseLatencyView(ApiView):
     def get(self, request: Any) -> Response:
         form = _validated(request, LATENCY_PARAMETERS)

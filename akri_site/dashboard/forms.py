@@ -9,11 +9,12 @@ not read "0 slots" as "this node holds nothing".
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
 from django.utils import timezone
+from django_filters.fields import IsoDateTimeField
 
 from agent.models import AuditEntry, Configuration, Instance, Node, ReconcileRun, Slot
 
@@ -142,11 +143,44 @@ class SlotFilterForm(_PageMixin):
         return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k)}
 
 
+def as_utc(value: datetime | None) -> datetime | None:
+    """An aware time as the same moment in UTC, or a ValidationError.
+
+    ISO 8601 lets an offset run to +23:59, PostgreSQL's timestamptz only to +15:59 (it answered
+    a DataError, a 500); and near year 1 or 9999 the UTC moment may not exist at all (an
+    OverflowError when the backend converts it). Converting here turns both into a 400 naming
+    the field, and hands every backend a plain UTC value.
+    """
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise forms.ValidationError(
+            "That time is outside the range of dates (years 1 to 9999 in UTC).",
+            code="out_of_range",
+        ) from None
+
+
+class UtcDateTimeField(forms.DateTimeField):
+    """A form's time field whose value is always UTC (see ``as_utc``)."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        return as_utc(super().to_python(value))
+
+
+class UtcIsoDateTimeField(IsoDateTimeField):
+    """django-filter's ISO 8601 field, its value in UTC (see ``as_utc``)."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        return as_utc(super().to_python(value))
+
+
 class _RangeMixin(_PageMixin):
     default_range = DEFAULT_RANGE
     range = forms.ChoiceField(choices=RANGES, required=False)
-    start = forms.DateTimeField(required=False, label="From (UTC)")
-    end = forms.DateTimeField(required=False, label="To (UTC)")
+    start = UtcDateTimeField(required=False, label="From (UTC)")
+    end = UtcDateTimeField(required=False, label="To (UTC)")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

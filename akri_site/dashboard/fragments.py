@@ -162,6 +162,12 @@ def instance_row(instance: Mapping[str, Any], can_release: bool, back: str = "")
     facts.append("shared" if instance["shared"] else "not shared")
     if instance["deleting"]:
         facts.append("<strong>being deleted</strong>")
+    if instance.get("cordon"):
+        # In words, not colour: "cordoned by alice: replacing lens".
+        facts.append(
+            f'<strong class="cordon"><span aria-hidden="true">⛔</span> '
+            f"{escape(instance['cordon'])}</strong>"
+        )
     nodes = nodes_text(instance["nodes"])
     out = [
         f'<tr data-instance="{key}" data-configuration="{escape(instance["configuration"])}">',

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.utils.html import escape
+
+from agent.retrying import DATABASE_AWAY
+
+log = logging.getLogger(__name__)
 
 
 class RejectNulMiddleware:
@@ -60,3 +66,50 @@ async def _read_in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
         if chunk is done:
             return
         yield chunk
+
+
+# Self-contained: the site's base template reads the user and the role, which needs the
+# database that just failed.
+_UNAVAILABLE_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Database unavailable</title></head>
+<body><h1>Database unavailable</h1>
+<p>The dashboard cannot reach its database right now. This page works again as soon as the
+database is back; <a href="{path}">try again</a> in a few seconds.</p></body></html>
+"""
+RETRY_AFTER_SECONDS = 5
+
+
+class DatabaseUnavailableMiddleware:
+    """A database outage is a 503 "database unavailable", not a 500 with a traceback.
+
+    Every page, the API and ``/metrics`` read the database; while it is away each request
+    raised ``OperationalError`` (or ``InterfaceError`` on a dead connection) and Django logged
+    a full traceback per request. The outage is one fact, logged as one line per request with
+    its cause; the answer says so, in HTML for a browser and JSON for the API, with
+    ``Retry-After``. ``/healthz`` checks the database itself and already answers 503.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, DATABASE_AWAY):
+            return None
+        reason = str(exception).strip().splitlines()[0] if str(exception).strip() else ""
+        log.warning("database unavailable: %s %s: %s", request.method, request.path, reason)
+        if request.path.startswith(("/api/", "/webhooks/")):
+            response: HttpResponse = JsonResponse({"detail": "database unavailable"}, status=503)
+        elif request.path == "/metrics":
+            response = HttpResponse("database unavailable\n", status=503, content_type="text/plain")
+        else:
+            response = HttpResponse(
+                # The database's own message (host names, users) stays in the log.
+                _UNAVAILABLE_HTML.format(path=escape(request.get_full_path())),
+                status=503,
+            )
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        response["Cache-Control"] = "no-store"
+        return response

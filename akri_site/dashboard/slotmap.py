@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from agent.domain.cordon import describe_raw
 from agent.models import Instance, Pod, Slot, SlotEvent, SlotPodBinding, visible_to
 from akri_site.dashboard.sorting import SLOT_MAP, Sorted
 
@@ -34,6 +35,7 @@ _INSTANCE_FIELDS = (
     "shared",
     "nodes",
     "deleting",
+    "cordon",
 )
 _SLOT_FIELDS = (
     "id",
@@ -261,6 +263,7 @@ def serialize(
                 "shared": row["shared"],
                 "nodes": list(row["nodes"] or []),
                 "deleting": row["deleting"],
+                "cordon": describe_raw(row["cordon"]),
                 "counts": count_slots(own),
                 "slots": own,
             }

@@ -1,6 +1,15 @@
 from django.urls import path
 
-from akri_site.dashboard import evicting, finding, lists, releasing, scheduling, views
+from akri_site.dashboard import (
+    cordoning,
+    draining,
+    evicting,
+    finding,
+    lists,
+    releasing,
+    scheduling,
+    views,
+)
 
 app_name = "dashboard"
 
@@ -18,6 +27,17 @@ urlpatterns = [
     path("pods/<str:namespace>/<str:name>/", finding.pod_detail, name="pod"),
     path("pods/<str:namespace>/<str:name>/evict/", evicting.evict_pod, name="evict"),
     path("instances/<str:namespace>/<str:name>/", views.instance_detail, name="instance"),
+    # JSON for scripts (token or session): the API under /api/ stays read-only.
+    path(
+        "instances/<str:namespace>/<str:name>/cordon/",
+        cordoning.CordonView.as_view(),
+        name="cordon",
+    ),
+    path(
+        "instances/<str:namespace>/<str:name>/drain/",
+        draining.instance_drain,
+        name="instance-drain",
+    ),
     path(
         "configurations/<str:namespace>/<str:name>/",
         views.configuration_detail,

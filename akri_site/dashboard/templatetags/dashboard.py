@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from agent.domain.cordon import describe_raw
 from akri_site.dashboard import fragments
 
 register = template.Library()
@@ -45,19 +46,27 @@ def when(value: str | datetime | None, style: str = "") -> SafeString | str:
     moment = _moment(value)
     if moment is None:
         return "—"
-    moment = moment.astimezone(UTC)
-    stamp = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-    absolute = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        moment = moment.astimezone(UTC)
+    except (OverflowError, ValueError):
+        # Year 1 with a positive offset (or 9999 with a negative one) has no UTC moment; the
+        # page shows the value as written instead of failing whole (it was a 500).
+        return format_html('<time title="{}">{}</time>', moment.isoformat(), moment.isoformat())
+    # Not strftime's %Y: glibc writes year 1 as "1", which no browser parses as a date.
+    day = f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
+    clock = f"{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}"
+    stamp = f"{day}T{clock}Z"
+    absolute = f"{day} {clock} UTC"
     if style == "relative":
         text = ago(moment)
     elif style == "clock":
-        text = moment.strftime("%H:%M:%S UTC")
+        text = f"{clock} UTC"
     elif style == "ago":
         text = f"{absolute} ({ago(moment)})"
     else:
         text = absolute
     attrs = _WHEN_STYLES.get(style, "")
-    # Only digits, dashes, colons and letters from strftime: nothing to escape.
+    # Only digits, dashes, colons and letters: nothing to escape.
     return mark_safe(f'<time datetime="{stamp}" title="{absolute}"{attrs}>{text}</time>')
 
 
@@ -65,6 +74,12 @@ def when(value: str | datetime | None, style: str = "") -> SafeString | str:
 def now_when(style: str = "") -> SafeString | str:
     """The current time as ``|when`` renders it ("loaded at", "read at")."""
     return when(timezone.now(), style)
+
+
+@register.filter
+def cordon_says(raw: str | None) -> str:
+    """A cached cordon annotation in words: ``cordoned by alice: replacing lens``."""
+    return describe_raw(raw)
 
 
 @register.filter

@@ -6,8 +6,10 @@ websockets stay on Channels, and the workers reach each other's sockets through 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from akri_site import env
@@ -31,6 +33,11 @@ class Command(BaseCommand):
         parser.add_argument("--access-log", action="store_true", help="log every request")
         parser.add_argument("--ssl-certfile", default="", help="serve HTTPS with this certificate")
         parser.add_argument("--ssl-keyfile", default="", help="the certificate's private key")
+        parser.add_argument(
+            "--webhook",
+            action="store_true",
+            help="serve only the admission webhook (over TLS: needs --ssl-certfile)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         workers = options["workers"] or default_workers()
@@ -42,6 +49,12 @@ class Command(BaseCommand):
         if bool(options["ssl_certfile"]) != bool(options["ssl_keyfile"]):
             raise CommandError("--ssl-certfile and --ssl-keyfile go together")
         scheme = "https" if options["ssl_certfile"] else "http"
+        if options["webhook"]:
+            if scheme != "https":
+                raise CommandError("--webhook serves the API server, over TLS: give --ssl-certfile")
+            # Read by akri_site.asgi: here for one worker, from the environment for several
+            # (uvicorn spawns them).
+            os.environ["AKRI_WEB_ROLE"] = settings.AKRI_WEB_ROLE = "webhook"
         self.stdout.write(
             f"web: {scheme}://{options['host']}:{options['port']}/ with {workers} worker(s)"
         )
