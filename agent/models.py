@@ -8,6 +8,7 @@ have shown; they are never the authority for a claim. History rows (``SlotEvent`
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, models
@@ -330,6 +331,17 @@ class AuditEntry(models.Model):
         return (
             f"{self.at:%Y-%m-%d %H:%M} {self.username} {self.action} {self.target}: {self.outcome}"
         )
+
+    _TEXT = ("username", "action", "target", "holder", "reason", "outcome", "detail")
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A refused attempt is audited as it was written, garbage included, and PostgreSQL text
+        # cannot hold a NUL byte (SQLite can): keep it visible as the four characters \x00.
+        for name in self._TEXT:
+            value = getattr(self, name)
+            if isinstance(value, str) and "\x00" in value:
+                setattr(self, name, value.replace("\x00", "\\x00"))
+        super().save(*args, **kwargs)
 
 
 class UsageSample(models.Model):
