@@ -260,6 +260,8 @@ class Controller:
         self.holders.stop()
         for timer in self._timers:
             timer.cancel()
+        for timer in self._timers:
+            timer.join(timeout=5)  # a cancelled timer ends at once; one already running finishes
         self.live.stop()
 
     # --- handlers -----------------------------------------------------------------------

@@ -227,11 +227,14 @@ class Coalescer:
         self,
         window_ms: int | None = None,
         send: Callable[..., Any] = send_now,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if window_ms is None:
             window_ms = int(settings.AKRI.get("LIVE_COALESCE_MS", 100))
         self.window = max(window_ms, 0) / 1000.0
         self._send = send
+        # Every decision reads this clock; the tests give one they move by hand (``nudge``).
+        self._clock = clock
         self._cond = threading.Condition()
         self._instances: set[InstanceRef] = set()
         self._removed: set[str] = set()
@@ -265,8 +268,13 @@ class Coalescer:
             before = len(target)
             target.update(items)
             if len(target) != before and self._first_at is None:
-                self._first_at = time.monotonic()
+                self._first_at = self._clock()
                 self._cond.notify_all()
+
+    def nudge(self) -> None:
+        """Have the delivery thread look at the clock again (a clock moved by hand)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def pending(self) -> bool:
         with self._cond:
@@ -331,16 +339,16 @@ class Coalescer:
                     while not self._stopping:
                         gap = max(self.window, 3 * self._cost)
                         due = max(self._first_at, self._last_sent + gap)
-                        left = due - time.monotonic()
+                        left = due - self._clock()
                         if left <= 0:
                             break
                         self._cond.wait(left)
                     batch = self._take()
-                    self._last_sent = time.monotonic()
+                    self._last_sent = self._clock()
                 close_old_connections()
-                started = time.monotonic()
+                started = self._clock()
                 self._deliver(batch)
-                self._cost = time.monotonic() - started
+                self._cost = self._clock() - started
         finally:
             # This thread's own database connection.
             connection.close()
