@@ -730,11 +730,13 @@ def test_overview_names_the_leader_of_each_elected_component(login, kube, settin
 
     settings.AKRI = {**settings.AKRI, "KUBECONFIG": kube.kubeconfig, "NAMESPACE": kube.namespace}
     forget()
-    LeaderElector(kube.new_client(), kube.namespace, CONTROLLER_LEASE, identity="ctl-7").step()
+    elector = LeaderElector(kube.new_client(), kube.namespace, CONTROLLER_LEASE, identity="ctl-7")
+    elector.step()
     try:
         body = login("viewer").get("/").content.decode()
     finally:
         forget()
+        elector.stop()  # its callbacks' thread, started on leading
     controller = re.search(r'<tr data-leader="controller">.*?</tr>', body, re.S).group(0)
     beat = re.search(r'<tr data-leader="beat">.*?</tr>', body, re.S).group(0)
     assert "ctl-7" in controller
