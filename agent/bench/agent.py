@@ -10,6 +10,9 @@
   Then the bad day (``sustained_*``): Allocates back to back, nothing settled, while ``Churn``
   keeps the watch, the cache applier, the device lists and the reconciler busy (a pod every
   100 ms, and another node's claims across 20 Instances).
+  Last, ``webhook_*`` (``agent.bench.admission``): the floor's write on an Instance with the
+  queue owner label, with deploy/'s admission webhook registered in the simulator's admission
+  chain and without, alternating; ``webhook_over_floor_p50`` is the first over the second.
 - ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
   list reaching the kubelet simulator of a node that did not make the change.
 - ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite and
@@ -39,6 +42,7 @@ from django.conf import settings
 from kubernetes import client
 
 from agent.bench import ensure_migrated, percentile
+from agent.bench.admission import webhook_rounds
 from agent.bench.floor import FloorPlugin
 from agent.bench.kubelet import KubeletProcess
 from agent.discovery.base import HandlerRegistry
@@ -431,6 +435,7 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
     on = _allocate_rounds(rounds, reconcile=True, floor=True, hold_ab=True)
     off = _allocate_rounds(rounds, reconcile=False, floor=False)
     busy, churn = _sustained_rounds(rounds)
+    webhook = webhook_rounds(rounds // 2)
     p50, bare_p50 = percentile(on.allocate, 50), percentile(on.bare, 50)
     floor_p50 = percentile(on.floor, 50)
     plain_p50, plain_bare_p50 = percentile(off.allocate, 50), percentile(off.bare, 50)
@@ -453,6 +458,7 @@ def bench_allocate(quick: bool = False, stdout: Any = None) -> dict[str, object]
         "sustained_floor_p50_ms": busy_floor_p50,
         "sustained_over_floor_p50": busy_p50 / busy_floor_p50,
         "sustained_churn_writes": churn.writes,
+        **webhook,
         "rounds": rounds,
     }
 

@@ -15,9 +15,13 @@ class QueuesConfig(AppConfig):
         from django.core.exceptions import ImproperlyConfigured
 
         from agent.charges.resolve import unknown_resolvers
+        from agent.queues.review import label_key_problem
 
         unknown = unknown_resolvers(tuple(settings.AKRI_QUEUES["RESOLVERS"]))
         if unknown:
             raise ImproperlyConfigured(
                 f"AKRI_QUEUE_RESOLVERS names unknown resolvers: {', '.join(unknown)}"
             )
+        problem = label_key_problem(settings.AKRI_QUEUES["LABEL_KEY"])
+        if problem:
+            raise ImproperlyConfigured(problem)

@@ -8,10 +8,13 @@
 * A DRA ResourceClaim used by team-a and team-b pods (the demo plays the scheduler and
   writes ``status.reservedFor``), and one, unlabelled, used by both from the start: an orphan.
 
-The simulated cluster has no admission chain, so every simulated pod's creation (the demo's and
-the workload generator's) first goes through the webhook's own decision (``webhook.admit`` on
-an AdmissionReview built as the API server would send it, through the cluster's ``admission``
-hook): a refused pod is never created, and the refusal shows on the Queues page.
+Pods are admitted as on a cluster: the demo starts the admission webhook as deploy/ runs it
+(``manage.py runweb --webhook`` over TLS, on the demo's database) and registers deploy/'s
+ValidatingWebhookConfiguration in the simulated API server, whose admission chain calls it for
+every pod created (the demo's and the workload generator's) and every write to a labelled
+Instance: a refused pod is never created, and the refusal shows on the Queues page. Without
+openssl (for its certificate) the demo runs without the webhook and says so, as a cluster with
+``failurePolicy: Ignore`` does while the webhook is away.
 This thread also plays Celery beat for charges: a full recompute and a sample every interval.
 """
 
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
-import uuid
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -30,31 +35,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from agent.models import Instance
-from agent.queues import history, live, recompute, webhook
+from agent.queues import history, live, recompute
 from agent.queues.models import Charge
-from agent.queues.review import parse
+from agent.queues.served import ProjectWebhook, make_tls, manifest_configuration
 
 log = logging.getLogger(__name__)
 OPTED_OUT = "team-c"
 DEVICE_CLASS = "gpu.example.com"
 CONFIGURATION = "akri-debug-echo-gpu"
-
-
-def review_for(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
-    """The AdmissionReview the API server would send for this pod's creation."""
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "demo-workload"},
-            "object": pod,
-        },
-    }
 
 
 class QueueDemo:
@@ -66,6 +54,8 @@ class QueueDemo:
         self._thread: threading.Thread | None = None
         # Set once the owners are in place: random workload before that could take them first.
         self.ready = threading.Event()
+        self.webhook: ProjectWebhook | None = None
+        self._tls_dir = ""
 
     def then(self, fn: Any, timeout: float = 60.0) -> None:
         """Call ``fn`` once the scenario's owners are in place (or after ``timeout``)."""
@@ -81,16 +71,43 @@ class QueueDemo:
         # The web workers are processes started after this: they read the same settings.
         os.environ["AKRI_QUEUE_OPT_OUT"] = ",".join(conf["OPT_OUT"])
         os.environ["AKRI_QUEUE_SAMPLE_SECONDS"] = str(conf["SAMPLE_SECONDS"])
-        self.cluster.admission = self.admission
+        self.webhook = self._register_webhook()
         self._thread = threading.Thread(target=self._run, name="queue-demo", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self.cluster.admission = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.webhook is not None:
+            self.webhook.stop()
+        if self._tls_dir:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+
+    def _register_webhook(self) -> ProjectWebhook | None:
+        """deploy/'s webhook, served and registered as an operator would (url: client config:
+        the simulated API server reaches no Service)."""
+        self._tls_dir = tempfile.mkdtemp(prefix="akri-demo-webhook-")
+        if shutil.which("openssl") is None:
+            log.warning("queue demo: openssl not found, so pods are admitted without the webhook")
+            return None
+        tls = make_tls(Path(self._tls_dir))
+        env = {
+            "AKRI_NAMESPACE": self.cluster.namespace,
+            # The simulator authenticates nobody: the demo's label writes (its worker and
+            # controller, in this process) are made by system:anonymous.
+            "AKRI_QUEUE_LABEL_WRITERS": "system:anonymous",
+        }
+        server = ProjectWebhook(tls, env, Path(self._tls_dir) / "webhook.log", inherit=True)
+        server.start()
+        client.CustomObjectsApi(self.api_client).create_cluster_custom_object(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingwebhookconfigurations",
+            manifest_configuration(tls.ca_bundle, url=server.url),
+        )
+        return server
 
     # --- the story ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -165,15 +182,6 @@ class QueueDemo:
     ) -> bool:
         labels = {"kai.scheduler/queue": queue}
         return self.cluster.run_pod(name, node, {resource: 1}, labels=labels, priority=priority)
-
-    def admission(self, pod: dict[str, Any], namespace: str) -> str | None:
-        """The cluster's admission hook: the webhook's decision on every simulated pod."""
-        pod = {**pod, "metadata": {**pod["metadata"], "namespace": namespace}}
-        verdict = webhook.admit(parse(review_for(pod, namespace)))
-        if verdict.allowed:
-            return None
-        log.info("queue demo: %s refused: %s", pod["metadata"]["name"], verdict.message)
-        return verdict.message
 
     # --- DRA ---------------------------------------------------------------------------------
     def _dra(self) -> None:

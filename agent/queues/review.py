@@ -9,6 +9,26 @@ from typing import Any
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+# The owner label the ValidatingWebhookConfiguration of deploy/ selects (objectSelector of
+# queue-labels.akri-site.akri.sh in deploy/base/webhook.yaml; tests hold the two equal).
+MANIFEST_LABEL_KEY = "akri-site.io/queue"
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``AKRI_QUEUE_LABEL`` cannot be used, or None.
+
+    The API server sends the webhook only objects carrying the manifest's label key, so with
+    any other key the rule "set once, never changed" would silently never be asked. A start-up
+    refusal says so where a rendered selector would need every install path (kustomize,
+    cert-manager, set-webhook-ca) to render it too."""
+    if key == MANIFEST_LABEL_KEY:
+        return None
+    return (
+        f"AKRI_QUEUE_LABEL is {key!r}, but the admission webhook of deploy/ "
+        f"(queue-labels.akri-site.akri.sh in deploy/base/webhook.yaml) is only sent objects "
+        f"labelled {MANIFEST_LABEL_KEY}: owner labels under {key!r} could be changed or "
+        f"removed unchecked. Unset AKRI_QUEUE_LABEL (or set it to {MANIFEST_LABEL_KEY})."
+    )
 
 
 class MalformedReview(ValueError):

@@ -44,7 +44,10 @@ Differences that remain:
   ... filled in; here only what was sent is stored); the schema check of custom resources leaves
   out what deploy/crds does not use (see `apiserver_schema`), and lists several problems in
   schema order where the real server's order varies from call to call;
-- no admission, authentication, authorization or RBAC; any request is allowed;
+- validating admission webhooks registered by ValidatingWebhookConfigurations are called as the
+  real server calls them (`apiserver_admission`, which says what differs), but there is no other
+  admission, no authentication, authorization or RBAC: any request is allowed, made by
+  `system:anonymous` unless it names a user in `Impersonate-User` (and `Impersonate-Group`);
 - no controllers: Jobs create no Pods, pod phases never change on their own, no ownerReference
   garbage collection; Terminating pods wait for a kubelet like on a bare real server;
 - no namespace lifecycle: deleting a Namespace removes it at once (a real server keeps it
@@ -93,6 +96,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import yaml
 
+from agent.simulator.apiserver_admission import ANONYMOUS, AdmissionChain, Admit, Request
 from agent.simulator.apiserver_patch import (
     PatchError,
     json_patch,
@@ -293,8 +297,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def send_bytes(self, code: int, body: bytes, content_type: str = "application/json") -> None:
         phrase = HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else ""
+        warned = "".join(
+            f'Warning: 299 - "{w}"\r\n' for w in getattr(self, "warnings", ()) if "\r" not in w
+        )
         head = (
-            f"HTTP/1.1 {code} {phrase}\r\n"
+            f"HTTP/1.1 {code} {phrase}\r\n{warned}"
             f"Content-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n"
             "Cache-Control: no-cache, private\r\n\r\n"
@@ -352,6 +359,9 @@ class ApiServerSimulator:
         self._server: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # Validating webhooks (tests set `admission.services` for clientConfig.service).
+        self.admission = AdmissionChain(self.store)
+        self._current = threading.local()  # the request being served by this thread
         crd_path = Path(crd_dir) if crd_dir is not None else DEFAULT_CRD_DIR
         if crd_path.is_dir():
             for crd in load_crd_documents(crd_path):
@@ -386,6 +396,7 @@ class ApiServerSimulator:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._server = None
+        self.admission.close()
 
     def __enter__(self) -> ApiServerSimulator:
         return self.start() if self._server is None else self
@@ -532,6 +543,8 @@ class ApiServerSimulator:
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         ctype = handler.headers.get("Content-Type")
         self._record(method, path, query, ctype)
+        handler.warnings = []
+        self._current.handler = handler
         try:
             raw = handler.read_body()
             fault = self._take_fault(method, path)
@@ -637,7 +650,11 @@ class ApiServerSimulator:
                     return None
                 return 200, self._list(rt, version, namespace, query)
             if method == "POST" and (namespace is not None or not rt.namespaced):
-                obj = store.create(rt, version, ns, _object_body(raw, ctype), dry_run)
+                body = _object_body(raw, ctype)
+                meta = body.get("metadata") if isinstance(body, dict) else None
+                named = str(meta.get("name") or "") if isinstance(meta, dict) else ""
+                admit = self._admit("CREATE", rt, version, ns, named, dry_run=dry_run)
+                obj = store.create(rt, version, ns, body, dry_run, admit)
                 return 201, _present(obj, rt, version)
             if method == "DELETE":
                 return 200, self._delete_collection(rt, namespace, query, dry_run)
@@ -649,7 +666,9 @@ class ApiServerSimulator:
                     return None
                 return 200, _present(store.get(rt, ns, name), rt, version)
             if method == "PUT":
-                obj = store.update(rt, version, ns, name, _object_body(raw, ctype), None, dry_run)
+                admit = self._admit("UPDATE", rt, version, ns, name, dry_run=dry_run)
+                obj = store.update(rt, version, ns, name, _object_body(raw, ctype), None, dry_run,
+                                   admit=admit)  # fmt: skip
                 return 200, _present(obj, rt, version)
             if method == "PATCH":
                 return 200, _present(self._patch(rt, version, ns, name, None, raw, ctype, dry_run),
@@ -661,18 +680,24 @@ class ApiServerSimulator:
             if method == "GET":
                 return 200, _present(store.get(rt, ns, name), rt, version)
             if method == "PUT":
+                admit = self._admit("UPDATE", rt, version, ns, name, "status", dry_run)
                 obj = store.update(
-                    rt, version, ns, name, _object_body(raw, ctype), "status", dry_run
+                    rt, version, ns, name, _object_body(raw, ctype), "status", dry_run, admit=admit
                 )
                 return 200, _present(obj, rt, version)
             if method == "PATCH":
                 obj = self._patch(rt, version, ns, name, "status", raw, ctype, dry_run)
                 return 200, _present(obj, rt, version)
             raise _not_allowed()
-        if sub == "binding" and rt.key == ("", "pods") and method == "POST":
-            return 201, self._bind(rt, ns, name, _object_body(raw, ctype))
-        if sub == "eviction" and rt.key == ("", "pods") and method == "POST":
-            return 201, self._evict(rt, ns, name, _object_body(raw, ctype), dry_run)
+        if sub in ("binding", "eviction") and rt.key == ("", "pods") and method == "POST":
+            body = _object_body(raw, ctype)
+            kind = ("", "v1", "Binding") if sub == "binding" else ("policy", "v1", "Eviction")
+            admit = self._admit("CREATE", rt, version, ns, name, sub, dry_run, kind)
+            if admit is not None and isinstance(body, dict):
+                admit(body, None)
+            if sub == "binding":
+                return 201, self._bind(rt, ns, name, body)
+            return 201, self._evict(rt, ns, name, body, dry_run)
         raise _no_route()
 
     @staticmethod
@@ -680,6 +705,34 @@ class ApiServerSimulator:
         if method != "GET":
             raise _not_allowed()
         return 200, body
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _admit(
+        self,
+        operation: str,
+        rt: ResourceType,
+        version: str,
+        namespace: str,
+        name: str,
+        sub: str = "",
+        dry_run: bool = False,
+        kind: tuple[str, str, str] | None = None,
+    ) -> Admit | None:
+        """The admission chain's check for this thread's request (None: no webhook could
+        match, which is the rule: the chain costs nothing until a configuration exists)."""
+        handler = getattr(self._current, "handler", None)
+        headers = handler.headers if handler is not None else None
+        username, groups = ANONYMOUS[0], ANONYMOUS[1]
+        if headers is not None and headers.get("Impersonate-User"):
+            username = headers["Impersonate-User"]
+            groups = (*(headers.get_all("Impersonate-Group") or ()), "system:authenticated")
+        options = {"kind": f"{operation.title()}Options", "apiVersion": "meta.k8s.io/v1"}
+        if dry_run:
+            options["dryRun"] = ["All"]
+        request = Request(operation, rt, version, sub, namespace if rt.namespaced else "", name,
+                          username, groups, dry_run, options, kind)  # fmt: skip
+        return self.admission.admitter(request, handler.warnings if handler is not None else [])
 
     # -- verbs -------------------------------------------------------------------------------
 
@@ -760,8 +813,11 @@ class ApiServerSimulator:
             def patcher(stored: dict) -> Any:
                 return strategic_merge_patch(stored, patch)
 
+        admit = self._admit("UPDATE", rt, version, ns, name, sub or "", dry_run)
         try:
-            return self.store.update(rt, version, ns, name, None, sub, dry_run, False, patcher)
+            return self.store.update(
+                rt, version, ns, name, None, sub, dry_run, False, patcher, admit
+            )
         except PatchError as exc:
             reason = "Invalid" if exc.code == 422 else "BadRequest"
             raise ApiError(exc.code, reason, exc.message, rt.details(name)) from exc
@@ -776,13 +832,17 @@ class ApiServerSimulator:
         ctype: str | None,
         query: dict[str, str],
         dry_run: bool,
+        admitted: bool = True,
     ) -> tuple[int, dict]:
         options = _object_body(raw, ctype) if raw.strip() else {}
         if not isinstance(options, dict):
             raise bad_request("DeleteOptions must be a JSON object")
         dry_run = dry_run or bool(options.get("dryRun"))
         grace = _grace_seconds(query.get("gracePeriodSeconds"), options.get("gracePeriodSeconds"))
-        obj, deleted = self.store.delete(rt, ns, name, options.get("preconditions"), dry_run, grace)
+        admit = self._admit("DELETE", rt, version, ns, name, dry_run=dry_run) if admitted else None
+        obj, deleted = self.store.delete(
+            rt, ns, name, options.get("preconditions"), dry_run, grace, admit
+        )
         if deleted and not rt.delete_returns_object:
             return 200, _success(rt, obj)
         return 200, _present(obj, rt, version)
@@ -795,8 +855,12 @@ class ApiServerSimulator:
         grace = _grace_seconds(query.get("gracePeriodSeconds"), None)
         for obj in items:
             meta = obj["metadata"]
+            item_ns = meta.get("namespace", "")
+            admit = self._admit(
+                "DELETE", rt, rt.versions[0], item_ns, meta["name"], dry_run=dry_run
+            )
             with contextlib.suppress(ApiError):
-                self.store.delete(rt, meta.get("namespace", ""), meta["name"], None, dry_run, grace)
+                self.store.delete(rt, item_ns, meta["name"], None, dry_run, grace, admit)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def _evict(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> dict:
@@ -813,7 +877,9 @@ class ApiServerSimulator:
             check_eviction(pod, budgets, pods)
         options = body.get("deleteOptions") or {}
         raw = json.dumps(options).encode() if options else b""
-        self._delete(rt, "v1", ns, name, raw, "application/json", {}, dry_run)
+        # The eviction was admitted as a CREATE of pods/eviction; the deletion it makes is not
+        # admitted again (the eviction registry deletes with rest.ValidateAllObjectFunc).
+        self._delete(rt, "v1", ns, name, raw, "application/json", {}, dry_run, admitted=False)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "code": 201}  # fmt: skip
 
@@ -898,8 +964,14 @@ class ApiServerSimulator:
         bookmarks = parse_bool(query.get("allowWatchBookmarks"))
         if self._stopping.is_set():
             raise ApiError(503, "ServiceUnavailable", "the server is shutting down")
+
+        def accepts(obj: dict) -> bool:
+            return labels_match(labels, obj["metadata"].get("labels")) and fields_match(fields, obj)
+
         try:
-            watcher, initial, _ = self.store.start_watch(rt, namespace, since)
+            watcher, initial, _ = self.store.start_watch(
+                rt, namespace, since, accepts if labels or fields else None
+            )
         except ApiError as exc:
             # The real server answers 200 and sends the 410 as an ERROR event.
             handler.start_stream()

@@ -8,7 +8,10 @@ log and the watcher registry. Stored objects are treated as immutable once commi
 build a new dict and share unchanged subtrees), so readers can serialize them after the lock is
 released without copying. Each watcher has its own unbounded queue, filled under the lock by the
 writer, so a slow watcher never loses events; it drains its queue and writes to its socket
-outside the lock.
+outside the lock. Draining does not take the store lock: at 50 nodes each pod event used to wake
+a hundred node-filtered watches (agents, kubelets) that all queued on that one lock, competing
+with the writers, to learn that the event was not theirs. A watch with a selector hands the
+store its filter, so only the watches an event concerns are woken.
 
 The event log is one global deque of the last `history_limit` events. Every committed write
 takes exactly one resourceVersion and appends exactly one event, so the retained versions are
@@ -27,6 +30,7 @@ import re
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +48,7 @@ CRD_GROUP = "apiextensions.k8s.io"
 CRD_KEY = (CRD_GROUP, "customresourcedefinitions")
 PODS_KEY = ("", "pods")
 NAMESPACES_KEY = ("", "namespaces")
+NAME_LABEL = "kubernetes.io/metadata.name"
 # The namespaces a real API server creates for itself at start-up.
 SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
 # A pod's grace period when neither the delete nor spec.terminationGracePeriodSeconds sets one.
@@ -209,6 +214,9 @@ def builtin_types() -> list[ResourceType]:
         ResourceType(CRD_GROUP, ("v1",), "customresourcedefinitions", "CustomResourceDefinition",
                      False, status=True, short_names=("crd", "crds"), create_status="drop",
                      delete_returns_object=True),
+        # Read by the admission chain (apiserver_admission) at every write.
+        ResourceType("admissionregistration.k8s.io", ("v1",), "validatingwebhookconfigurations",
+                     "ValidatingWebhookConfiguration", False, categories=("api-extensions",)),
     ]  # fmt: skip
 
 
@@ -298,6 +306,19 @@ class Watcher:
     queue: deque = field(default_factory=deque)
     wake: threading.Event = field(default_factory=threading.Event)
     ended: str | None = None  # "drop" or "clean" once the server ends the stream
+    # The stream's selector (obj -> bool), or None: an event neither whose new nor whose old
+    # state it matches is not queued (the stream would drop it anyway).
+    accepts: Callable[[dict], bool] | None = None
+
+    def wants(self, event: Event) -> bool:
+        if self.namespace is not None and self.namespace != event.namespace:
+            return False
+        accepts = self.accepts
+        if accepts is None:
+            return True
+        if event.type != "DELETED" and accepts(event.obj):
+            return True
+        return event.old is not None and accepts(event.old)
 
 
 def now_rfc3339() -> str:
@@ -314,6 +335,10 @@ class Store:
     def __init__(self, history_limit: int = 10000) -> None:
         self.lock = threading.Lock()
         self.rv = 0
+        self.emitted = 0  # the rv of the last event handed to the watchers
+        # Type key -> fn(obj) -> [(field, problem)]: validation another module owns (the
+        # admission chain validates its ValidatingWebhookConfigurations).
+        self.validators: dict[tuple[str, str], Callable[[dict], list[tuple[str, str]]]] = {}
         self.types: dict[tuple[str, str], ResourceType] = {}
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
         self._sorted: dict[tuple[str, str], list[tuple[str, str]] | None] = {}
@@ -371,9 +396,10 @@ class Store:
         if self.log.maxlen:
             self.log.append(event)
         for watcher in self.watchers.get(rt.key, ()):
-            if watcher.namespace is None or watcher.namespace == event.namespace:
+            if watcher.wants(event):
                 watcher.queue.append(event)
                 watcher.wake.set()
+        self.emitted = self.rv  # every event up to here is in its watchers' queues
 
     def _commit(self, rt: ResourceType, obj: dict, old: dict | None, etype: str) -> dict:
         """Store `obj` (a fresh dict with a fresh metadata dict) under a new resourceVersion."""
@@ -425,12 +451,17 @@ class Store:
     # -- watchers ---------------------------------------------------------------------------
 
     def start_watch(
-        self, rt: ResourceType, namespace: str | None, since: int | None
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        since: int | None,
+        accepts: Callable[[dict], bool] | None = None,
     ) -> tuple[Watcher, list[dict], int]:
         """Register a watcher. `since=None` returns the current objects (for synthetic ADDED);
         otherwise the retained events after `since` are queued. Raises ApiError(410) when
-        `since` is older than the log. Returns (watcher, initial objects, current rv)."""
-        watcher = Watcher(rt.key, namespace)
+        `since` is older than the log. `accepts` is the stream's selector (see `Watcher`).
+        Returns (watcher, initial objects, current rv)."""
+        watcher = Watcher(rt.key, namespace, accepts=accepts)
         with self.lock:
             initial: list[dict] = []
             if since is None:
@@ -449,12 +480,19 @@ class Store:
             return watcher, initial, self.rv
 
     def take(self, watcher: Watcher) -> tuple[list[Event], int]:
-        """Drain a watcher's queue; returns the events and the rv it is up to date with."""
-        with self.lock:
-            watcher.wake.clear()
-            events = list(watcher.queue)
-            watcher.queue.clear()
-            return events, self.rv
+        """Drain a watcher's queue; returns the events and the rv it is up to date with.
+
+        Without the store lock (see the module docstring): ``emitted`` is read before the
+        queue is drained, so every event up to it is among those taken (or taken before), and
+        a bookmark at that rv never runs ahead of an event still to come. A wake-up set after
+        the clear is kept for the next wait."""
+        watcher.wake.clear()
+        rv = self.emitted
+        events = []
+        queue = watcher.queue
+        while queue:
+            events.append(queue.popleft())  # deque pops are atomic against the writer's append
+        return events, max(rv, events[-1].rv) if events else rv
 
     def stop_watch(self, watcher: Watcher) -> None:
         with self.lock:
@@ -560,8 +598,16 @@ class Store:
     # -- writes -----------------------------------------------------------------------------
 
     def create(
-        self, rt: ResourceType, version: str, namespace: str, body: Any, dry_run: bool = False
+        self,
+        rt: ResourceType,
+        version: str,
+        namespace: str,
+        body: Any,
+        dry_run: bool = False,
+        admit: Any = None,
     ) -> dict:
+        """Create; ``admit(obj, None)`` (the admission chain) is called once the object is
+        final, outside the lock, and may refuse it by raising; the name is checked after."""
         obj = self._check_body(rt, version, body)
         meta = obj["metadata"] = dict(obj.get("metadata") or {})
         if not rt.namespaced:
@@ -603,18 +649,28 @@ class Store:
                 meta["name"] = self._generate_name(rt, namespace, meta["generateName"])
             obj = self._conform(rt, version, obj)
             self._validate(rt, obj, None)
-            if (meta.get("namespace", ""), meta["name"]) in self.objects[rt.key]:
-                raise ApiError(
-                    409,
-                    "AlreadyExists",
-                    f'{rt.qualified} "{meta["name"]}" already exists',
-                    rt.details(meta["name"]),
-                )
-            if rt.key == CRD_KEY:
-                types_from_crd(obj)
-            if dry_run:
-                return obj
-            return self._commit(rt, obj, None, "ADDED")
+            if admit is None:
+                return self._store_new(rt, obj, dry_run)
+        # As kube-apiserver: validating admission after validation, before storage (which is
+        # where a name already taken shows).
+        admit(obj, None)
+        with self.lock:
+            if rt.namespaced:
+                self._require_namespace(namespace)
+            return self._store_new(rt, obj, dry_run)
+
+    def _store_new(self, rt: ResourceType, obj: dict, dry_run: bool) -> dict:
+        """Under the lock: the created object stored, unless its name is taken."""
+        name = obj["metadata"]["name"]
+        if (obj["metadata"].get("namespace", ""), name) in self.objects[rt.key]:
+            raise ApiError(
+                409, "AlreadyExists", f'{rt.qualified} "{name}" already exists', rt.details(name)
+            )
+        if rt.key == CRD_KEY:
+            types_from_crd(obj)
+        if dry_run:
+            return obj
+        return self._commit(rt, obj, None, "ADDED")
 
     def _generate_name(self, rt: ResourceType, namespace: str, prefix: str) -> str:
         bucket = self.objects[rt.key]
@@ -643,6 +699,12 @@ class Store:
     @staticmethod
     def _conform(rt: ResourceType, version: str, obj: dict) -> dict:
         """A custom resource pruned, defaulted and validated against its version's schema."""
+        if rt.key == NAMESPACES_KEY:
+            # As the namespace strategy does on every write: a Namespace is labelled with its
+            # own name, which is what webhooks' namespaceSelectors name namespaces by.
+            meta = obj["metadata"]
+            labels = {**(meta.get("labels") or {}), NAME_LABEL: meta.get("name", "")}
+            obj = dict(obj, metadata=dict(meta, labels=labels))
         if rt.key in _QUANTITY_CHECKS:
             # Quantities are stored canonical (1000 -> 1k) and validated as the pod and node
             # strategies do; copies first, so that a refused write leaves the stored object be.
@@ -672,71 +734,106 @@ class Store:
         dry_run: bool = False,
         require_rv: bool = True,
         patcher: Any = None,
+        admit: Any = None,
     ) -> dict:
-        """PUT (body given) or PATCH (`patcher(stored) -> new body`) of an object or its status."""
-        with self.lock:
-            stored = self.objects[rt.key].get((namespace if rt.namespaced else "", name))
-            if stored is None:
-                raise not_found(rt, name)
-            if patcher is not None:
-                body = patcher(stored)
-            new = self._check_body(rt, version, body)
-            meta = new["metadata"] = dict(new.get("metadata") or {})
-            if meta.get("name") != name:
-                raise bad_request(
-                    f"the name of the object ({meta.get('name', '')}) does not match the name on "
-                    f"the URL ({name})"
+        """PUT (body given) or PATCH (`patcher(stored) -> new body`) of an object or its status.
+
+        ``admit(new, stored)`` (the admission chain) is called outside the lock once the new
+        object is final, as kube-apiserver calls it inside its storage's optimistic update
+        loop: when the object changed meanwhile, the update is computed again from the new
+        state (a patch re-applied, a stale resourceVersion a 409) and admitted again."""
+        while True:
+            with self.lock:
+                stored, new = self._updated(
+                    rt, version, namespace, name, body, subresource, require_rv, patcher
                 )
-            if rt.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
-                raise bad_request(
-                    "the namespace of the provided object does not match the namespace sent on "
-                    "the request"
-                )
-            old_meta = stored["metadata"]
-            body_rv = meta.get("resourceVersion")
-            if not body_rv and require_rv and not rt.builtin:
-                raise ApiError(
-                    422,
-                    "Invalid",
-                    f'{rt.qualified} "{name}" is invalid: metadata.resourceVersion: Invalid value: '
-                    f"0x0: must be specified for an update",
-                    dict(
-                        rt.details(name),
-                        causes=[
-                            {
-                                "reason": "FieldValueInvalid",
-                                "message": "Invalid value: 0x0: must be specified for an update",
-                                "field": "metadata.resourceVersion",
-                            }
-                        ],
-                    ),
-                )
-            if body_rv and body_rv != old_meta["resourceVersion"]:
-                raise conflict(rt, name, OPTIMISTIC_LOCK_MSG)
-            if meta.get("uid") and meta["uid"] != old_meta["uid"]:
-                raise conflict(
-                    rt,
-                    name,
-                    f"Precondition failed: UID in precondition: {meta['uid']}, UID in object "
-                    f"meta: {old_meta['uid']}",
-                )
-            if subresource == "status":
-                # Only .status changes through /status; spec and metadata stay as stored.
-                new = dict(stored, metadata=dict(old_meta))
-                if "status" in body:
-                    new["status"] = body["status"]
-                else:
-                    new.pop("status", None)
-                new = self._conform(rt, version, new)
+                deleting = stored["metadata"].get("deletionTimestamp")
+                if admit is None or deleting and not new["metadata"].get("finalizers"):
+                    return self._store_update(rt, stored, new, dry_run)
+            admit(new, stored)
+            with self.lock:
+                key = (namespace if rt.namespaced else "", name)
+                if self.objects[rt.key].get(key) is stored:
+                    return self._store_update(rt, stored, new, dry_run)
+
+    def _updated(
+        self,
+        rt: ResourceType,
+        version: str,
+        namespace: str,
+        name: str,
+        body: Any,
+        subresource: str | None,
+        require_rv: bool,
+        patcher: Any,
+    ) -> tuple[dict, dict]:
+        """Under the lock: (stored, the object the update would store), or the error."""
+        stored = self.objects[rt.key].get((namespace if rt.namespaced else "", name))
+        if stored is None:
+            raise not_found(rt, name)
+        if patcher is not None:
+            body = patcher(stored)
+        new = self._check_body(rt, version, body)
+        meta = new["metadata"] = dict(new.get("metadata") or {})
+        if meta.get("name") != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name', '')}) does not match the name on "
+                f"the URL ({name})"
+            )
+        if rt.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on "
+                "the request"
+            )
+        old_meta = stored["metadata"]
+        body_rv = meta.get("resourceVersion")
+        if not body_rv and require_rv and not rt.builtin:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{rt.qualified} "{name}" is invalid: metadata.resourceVersion: Invalid value: '
+                f"0x0: must be specified for an update",
+                dict(
+                    rt.details(name),
+                    causes=[
+                        {
+                            "reason": "FieldValueInvalid",
+                            "message": "Invalid value: 0x0: must be specified for an update",
+                            "field": "metadata.resourceVersion",
+                        }
+                    ],
+                ),
+            )
+        if body_rv and body_rv != old_meta["resourceVersion"]:
+            raise conflict(rt, name, OPTIMISTIC_LOCK_MSG)
+        if meta.get("uid") and meta["uid"] != old_meta["uid"]:
+            raise conflict(
+                rt,
+                name,
+                f"Precondition failed: UID in precondition: {meta['uid']}, UID in object "
+                f"meta: {old_meta['uid']}",
+            )
+        if subresource == "status":
+            # Only .status changes through /status; spec and metadata stay as stored.
+            new = dict(stored, metadata=dict(old_meta))
+            if "status" in body:
+                new["status"] = body["status"]
             else:
-                new = self._merge_server_fields(rt, stored, self._conform(rt, version, new))
-            self._validate(rt, new, stored)
-            new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
-            if new == stored or dry_run:
-                return new if dry_run else stored
-            if old_meta.get("deletionTimestamp") and not new["metadata"].get("finalizers"):
-                return self._remove(rt, new)
-            return self._commit(rt, new, stored, "MODIFIED")
+                new.pop("status", None)
+            new = self._conform(rt, version, new)
+        else:
+            new = self._merge_server_fields(rt, stored, self._conform(rt, version, new))
+        self._validate(rt, new, stored)
+        new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        return stored, new
+
+    def _store_update(self, rt: ResourceType, stored: dict, new: dict, dry_run: bool) -> dict:
+        """Under the lock: the update stored (nothing when it changes nothing)."""
+        if new == stored or dry_run:
+            return new if dry_run else stored
+        if stored["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            return self._remove(rt, new)
+        return self._commit(rt, new, stored, "MODIFIED")
 
     def _merge_server_fields(self, rt: ResourceType, stored: dict, new: dict) -> dict:
         """Keep server-owned metadata (and status behind a subresource); recompute generation."""
@@ -768,47 +865,71 @@ class Store:
         preconditions: dict | None = None,
         dry_run: bool = False,
         grace_seconds: int | None = None,
+        admit: Any = None,
     ) -> tuple[dict, bool]:
         """Delete, or mark for deletion when finalizers remain or a pod on a node must first be
-        stopped by its kubelet (graceful deletion). Returns (object, deleted now)."""
-        with self.lock:
-            stored = self.objects[rt.key].get((namespace if rt.namespaced else "", name))
-            if stored is None:
-                raise not_found(rt, name)
-            meta = stored["metadata"]
-            preconditions = preconditions or {}
-            want_uid, want_rv = preconditions.get("uid"), preconditions.get("resourceVersion")
-            if want_uid and want_uid != meta["uid"]:
-                raise conflict(
-                    rt,
-                    name,
-                    f"Precondition failed: UID in precondition: {want_uid}, UID in object meta: "
-                    f"{meta['uid']}",
-                )
-            if want_rv and want_rv != meta["resourceVersion"]:
-                raise conflict(
-                    rt,
-                    name,
-                    f"Precondition failed: ResourceVersion in precondition: {want_rv}, "
-                    f"ResourceVersion in object meta: {meta['resourceVersion']}",
-                )
-            if rt.key == PODS_KEY:
-                return self._delete_pod(rt, stored, grace_seconds, dry_run)
-            if meta.get("finalizers"):
-                if meta.get("deletionTimestamp"):
-                    return stored, False
-                marked = dict(stored)
-                marked["metadata"] = dict(
-                    meta, deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0
-                )
-                if meta.get("generation"):
-                    marked["metadata"]["generation"] = meta["generation"] + 1
-                if dry_run:
-                    return marked, False
-                return self._commit(rt, marked, stored, "MODIFIED"), False
+        stopped by its kubelet (graceful deletion). Returns (object, deleted now).
+        ``admit(None, stored)`` (the admission chain) is called outside the lock, and again
+        if the object changed meanwhile, as ``update`` does."""
+        key = (namespace if rt.namespaced else "", name)
+        while True:
+            with self.lock:
+                stored = self._deletable(rt, namespace, name, preconditions)
+                if admit is None:
+                    return self._delete_now(rt, stored, dry_run, grace_seconds)
+            admit(None, stored)
+            with self.lock:
+                if self.objects[rt.key].get(key) is stored:
+                    return self._delete_now(rt, stored, dry_run, grace_seconds)
+
+    def _deletable(
+        self, rt: ResourceType, namespace: str, name: str, preconditions: dict | None
+    ) -> dict:
+        """Under the lock: the stored object, if the delete's preconditions hold."""
+        stored = self.objects[rt.key].get((namespace if rt.namespaced else "", name))
+        if stored is None:
+            raise not_found(rt, name)
+        meta = stored["metadata"]
+        preconditions = preconditions or {}
+        want_uid, want_rv = preconditions.get("uid"), preconditions.get("resourceVersion")
+        if want_uid and want_uid != meta["uid"]:
+            raise conflict(
+                rt,
+                name,
+                f"Precondition failed: UID in precondition: {want_uid}, UID in object meta: "
+                f"{meta['uid']}",
+            )
+        if want_rv and want_rv != meta["resourceVersion"]:
+            raise conflict(
+                rt,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {want_rv}, "
+                f"ResourceVersion in object meta: {meta['resourceVersion']}",
+            )
+        return stored
+
+    def _delete_now(
+        self, rt: ResourceType, stored: dict, dry_run: bool, grace_seconds: int | None
+    ) -> tuple[dict, bool]:
+        """Under the lock: the deletion (or the mark) of ``stored``."""
+        meta = stored["metadata"]
+        if rt.key == PODS_KEY:
+            return self._delete_pod(rt, stored, grace_seconds, dry_run)
+        if meta.get("finalizers"):
+            if meta.get("deletionTimestamp"):
+                return stored, False
+            marked = dict(stored)
+            marked["metadata"] = dict(
+                meta, deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0
+            )
+            if meta.get("generation"):
+                marked["metadata"]["generation"] = meta["generation"] + 1
             if dry_run:
-                return stored, True
-            return self._remove(rt, stored), True
+                return marked, False
+            return self._commit(rt, marked, stored, "MODIFIED"), False
+        if dry_run:
+            return stored, True
+        return self._remove(rt, stored), True
 
     def _delete_pod(
         self, rt: ResourceType, stored: dict, grace_seconds: int | None, dry_run: bool
@@ -892,6 +1013,10 @@ class Store:
             problem = _label_problem(key, value)
             if problem:
                 raise invalid(rt, name, f"metadata.labels: {problem}", "metadata.labels")
+        validator = self.validators.get(rt.key)
+        problems = validator(obj) if validator is not None else []
+        if problems:
+            raise schema_invalid(rt, name, problems)
         if old is None:
             return
         old_meta = old["metadata"]
