@@ -31,6 +31,8 @@ KEYS = {
     "cl-allocate": {"p50_ms", "p99_ms", "single_p50_ms", "ratio_p50", "floor_ratio_p50"}
     | {"over_floor_p50", "sustained_p50_ms", "sustained_p99_ms", "sustained_over_floor_p50"},
     "release": {"p50_ms", "p95_ms"},
+    "release-storm": {"writes_per_slot", "free_p95_s", "live_touched"}
+    | {"unfolded_writes_per_slot", "unfolded_free_p95_s", "writes_ratio"},
     "sweep": {"duration_ms", "first_ms"},
     "live": {"p50_ms_1", "p95_ms_1", "p50_ms_200", "p95_ms_200"},
     "slotmap": {"server_ms"},
@@ -87,3 +89,7 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert figures["dual_leader_writes"] == "0", last
     if name == "schedule-storm":
         assert figures["admission_errors"] == "0" and figures["overbooked"] == "0", last
+    if name == "release-storm":
+        assert (figures["live_touched"], figures["unfolded_live_touched"]) == ("0", "0"), last
+        assert float(figures["unfolded_writes_per_slot"]) >= 1, last  # one write a slot at least
+        assert float(figures["writes_per_slot"]) <= 1, last  # folding never writes more

@@ -60,6 +60,12 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
         "bench_scale",
         "controller sync, memory, change lag and slot map at 40,000 Instances on 1,000 nodes",
     ),
+    "release-storm": (
+        "agent.bench.storm",
+        "bench_release_storm",
+        "5,000 pods on shared Instances across 50 nodes deleted at once, 500 live pods kept: "
+        "writes per freed slot and free time, folded vs one write per slot",
+    ),
     "sweep": (
         "agent.bench.reconcile",
         "bench_sweep",

@@ -9,6 +9,7 @@ same object twice changes nothing and records nothing twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -32,6 +33,16 @@ _LEVEL = {
 }
 
 
+class RunSource(Protocol):
+    """A run whose row is written on first need (``agent.node.reconcile.RunBook``). A
+    reconciler names it on the release path without waiting for the database: a storm's run
+    row, written there, waited seconds for SQLite's write lock, and failed the releases once
+    the wait passed the timeout. The row is written before the events that name it
+    (``resolve_runs``), outside the transaction that writes them."""
+
+    def ensure_row(self) -> ReconcileRun: ...
+
+
 @dataclass(frozen=True)
 class Attribution:
     """Who changed a slot and why, when the writer knows it."""
@@ -41,7 +52,23 @@ class Attribution:
     node: str = ""
     pod: str = ""
     detail: str = ""
-    run: ReconcileRun | None = None
+    run: ReconcileRun | RunSource | None = None
+
+
+def resolve_runs(attributions: Iterable[Attribution | None]) -> None:
+    """Write the rows of the runs these attributions name lazily. Called before the
+    transaction that writes their events: a row written inside it and rolled back with it
+    would leave its run naming a row that does not exist."""
+    for attribution in attributions:
+        run = attribution.run if attribution is not None else None
+        if run is not None and not isinstance(run, ReconcileRun):
+            run.ensure_row()
+
+
+def _run_row(run: ReconcileRun | RunSource | None) -> ReconcileRun | None:
+    if run is None or isinstance(run, ReconcileRun):
+        return run
+    return run.ensure_row()  # not resolved beforehand: written now, in the caller's transaction
 
 
 class Attributions(Protocol):
@@ -306,7 +333,7 @@ def _event_fields(
         pod=attribution.pod,
         detail=attribution.detail,
         resource_version=rv,
-        run=attribution.run,
+        run=_run_row(attribution.run),
     )
 
 

@@ -6,6 +6,12 @@ conflict re-reads the Instance from the API server and decides again: taken by a
 is ``SlotTaken``; already ours is success. Only after the API server said yes are the cache
 row and the event row written. Transient errors are retried a bounded number of times with
 jittered backoff.
+
+Releases of several slots of one Instance that are due together (a Job's pods ending at once)
+can go as one patch (``release_many``): a ``test`` + ``replace`` pair per slot, all or nothing
+at the API server. On a conflict nobody can tell which ``test`` failed, so, as for one slot,
+the Instance is re-read and every slot decided again: the ones changed meanwhile are refused,
+the others go in the next attempt. Event rows and metrics stay one per slot.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +227,82 @@ class ClaimStore:
         )
         return self._change("release", "released", instance, key, "", plan, attribution, current)
 
+    def release_many(
+        self,
+        instance: str,
+        expected: Mapping[str, str],
+        attributions: Mapping[str, cache.Attribution],
+        *,
+        current: dict[str, Any] | None = None,
+    ) -> dict[str, str | ClaimStoreError | SlotChanged]:
+        """Free each key of ``expected`` (key -> the holder value we believe it has) that still
+        holds it, in one conditional write when nothing changed meanwhile.
+
+        Returns, per key, what ``release`` would have returned ("released", "already free")
+        or raised (``SlotChanged``; ``ClaimStoreError`` for the keys still pending after
+        ``attempts`` conflicts). ``InstanceGone`` and a write refused or failing for good
+        concern every key alike, and are raised as ``release`` raises them.
+        """
+        outcomes: dict[str, str | ClaimStoreError | SlotChanged] = {}
+        pending = dict(expected)
+        obj = current or self.last_seen.get(instance) or self._cached(instance)
+        fresh = False
+        started = time.perf_counter()
+        for attempt in range(self.attempts):
+            if obj is None:
+                obj, fresh = self._read(instance), True
+                self.last_seen[instance] = obj
+            ops, unsure = self._release_plan(self.parse(obj), pending, outcomes, fresh)
+            if unsure:
+                obj = None  # a decision not to write is only taken from a fresh read
+                continue
+            if not ops:
+                return outcomes
+            changes = [(key, "", attributions[key]) for key in pending]
+            answer = self._attributed_write(instance, changes, ops, attempt)
+            if answer is None:
+                obj = None  # conflict: re-read and decide again, slot by slot
+                continue
+            elapsed = time.perf_counter() - started
+            for key in pending:
+                metrics.CLAIM_SECONDS.labels("release").observe(elapsed)
+                outcomes[key] = "released"
+            self._applied(answer, {key: attributions[key] for key in pending})
+            return outcomes
+        gave_up = ClaimStoreError(
+            f"release of {len(pending)} slots of {instance} gave up after {self.attempts}"
+            " conflicting attempts"
+        )
+        outcomes.update(dict.fromkeys(pending, gave_up))
+        return outcomes
+
+    @staticmethod
+    def _release_plan(
+        state: InstanceState,
+        pending: dict[str, str],
+        outcomes: dict[str, str | ClaimStoreError | SlotChanged],
+        fresh: bool,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The folded patch for the ``pending`` slots that still hold what we expect. Slots
+        with nothing to write leave ``pending`` for ``outcomes`` when ``fresh``; otherwise the
+        answer is ([], True): read the Instance first."""
+        ops: list[dict[str, Any]] = []
+        for key, value in list(pending.items()):
+            outcome = decide_release(state, key, value)
+            if outcome is ReleaseOutcome.RELEASE:
+                for op in release_ops(state, key, value):
+                    if op not in ops:  # the capacity test, once for all
+                        ops.append(op)
+                continue
+            if not fresh:
+                return [], True
+            del pending[key]
+            if outcome is ReleaseOutcome.CHANGED:
+                outcomes[key] = SlotChanged(key, value, state.device_usage.get(key, ""))
+            else:
+                outcomes[key] = "already free"
+        return ops, False
+
     def _change(
         self,
         verb: str,
@@ -251,7 +333,9 @@ class ClaimStore:
                 if decided.refusal is not None:
                     raise decided.refusal
                 return decided.result
-            answer = self._attributed_write(instance, key, value, decided.ops, attempt, attribution)
+            answer = self._attributed_write(
+                instance, [(key, value, attribution)], decided.ops, attempt
+            )
             if answer is None:
                 obj = None  # conflict: re-read and decide again
                 continue
@@ -314,25 +398,29 @@ class ClaimStore:
     def _attributed_write(
         self,
         instance: str,
-        key: str,
-        value: str,
+        changes: list[tuple[str, str, cache.Attribution]],
         ops: list[dict[str, Any]],
         attempt: int,
-        attribution: cache.Attribution,
     ) -> dict[str, Any] | None:
-        """``_write``, with the sync told beforehand who is writing what: the watch may bring
-        the change into the cache before our own answer does."""
+        """``_write``, with the sync told beforehand who is writing what (key, new value,
+        attribution): the watch may bring the change into the cache before our own answer
+        does."""
         if self.sync is None:
             return self._write(instance, ops, attempt)
-        self.sync.expect(instance, key, value, attribution)
+        for key, value, attribution in changes:
+            self.sync.expect(instance, key, value, attribution)
         try:
             answer = self._write(instance, ops, attempt)
         except BaseException:
-            self.sync.forget(instance, key, value)
+            self._forget_all(instance, changes)
             raise
         if answer is None:
-            self.sync.forget(instance, key, value)
+            self._forget_all(instance, changes)
         return answer
+
+    def _forget_all(self, instance: str, changes: list[tuple[str, str, Any]]) -> None:
+        for key, value, _ in changes:
+            self.sync.forget(instance, key, value)
 
     def _write(
         self, instance: str, ops: list[dict[str, Any]], attempt: int
@@ -374,6 +462,7 @@ class ClaimStore:
         self, answer: dict[str, Any], attributions: dict[str, cache.Attribution]
     ) -> None:
         try:
+            cache.resolve_runs(attributions.values())
             cache.apply_instance(answer, attributions, direct=True)
         except Exception:  # the API write stands; the watch will bring the cache along
             log.exception(

@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import (
+    DatabaseError,
     InterfaceError,
     OperationalError,
     close_old_connections,
@@ -525,10 +526,25 @@ class CacheSync:
             # wait for an Allocate's answer to leave; the order of the queue stays as it is.
             FOREGROUND.wait_idle()
             if item[0] in BATCHED:
-                self._apply_batch(self._take_batch(item))
+                batch = self._take_batch(item)
+                self._resolve_runs(batch)
+                self._apply_batch(batch)
             else:
+                self._resolve_runs([item])
                 self._apply_until_done(item)
         close_old_connections()
+
+    def _resolve_runs(self, items: list[tuple[str, Any, Any]]) -> None:
+        """The run rows the items' events will name (``cache.RunSource``), written before
+        their transaction: our own answers' attributions, and those announced for the watch."""
+        named = [a for what, _, second in items if what == "direct" for a in second.values()]
+        with self._expected_lock:
+            named += [a for pending in self._expected.values() for a, _ in pending]
+        try:
+            cache.resolve_runs(named)
+        except DatabaseError:  # written inside the transaction instead, at the event
+            log.warning("%s: writing run rows ahead failed", self.owner, exc_info=True)
+            connections.close_all()
 
     def _dequeue(self, block: bool) -> tuple[str, Any, Any] | None:
         item = self._queue.get(block)

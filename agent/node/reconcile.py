@@ -32,7 +32,8 @@ the slot to the new allocation, so the delete that follows finds no binding nami
 Writes to the API server go through the claim store (conditional, with events linked to a
 ``ReconcileRun``). The map lives in memory and is written to the database behind, in order, by
 one thread: on SQLite every writer waits on every other, and a deleted pod's release should
-not. Releases triggered by pod events within a second share one run row for the same reason.
+not. Releases triggered by pod events less than a second apart share one run row for the same
+reason, and those of one Instance due together go in one write (``ClaimStore.release_many``).
 Errors are temporary (the kubelet or API server could not answer: keep the books and retry at
 the next pass) or permanent (recorded in the run's detail and counted as errors).
 """
@@ -103,8 +104,12 @@ PRUNE_RETRY = 60.0  # after a prune failed (the database was busy or away)
 # Tombstones of deleted pods are kept this long (latency metric, GONE without a GET).
 TOMBSTONE_SECONDS = 3600.0
 DETAIL_LINES = 60
-# Event-triggered releases within this long of the first share one run.
+# Event-triggered releases share one run while each comes within this long of the one before,
+# for at most EVENT_RUN_MAX_SECONDS. A storm is then one run row per node, not one a second:
+# each new row is a write on the release path, and with the database busy behind a storm (the
+# cache, the write-behind) it waited seconds for SQLite's write lock.
 EVENT_RUN_SECONDS = 1.0
+EVENT_RUN_MAX_SECONDS = 30.0
 # Write-behind rows per transaction.
 WRITE_BATCH = 32
 # A batch whose transaction met a database error (locked, restarting) is written again after
@@ -362,12 +367,15 @@ class RunBook:
     errors: int = 0
     lines: list[str] = field(default_factory=list)
     row: ReconcileRun | None = None
+    last_used: float = field(default_factory=time.perf_counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Creating the row waits for the database: counting meanwhile must not wait with it.
+    _row_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _reported: dict[str, int] = field(default_factory=dict, repr=False)
     _finished: bool = False
 
     def ensure_row(self) -> ReconcileRun:
-        with self._lock:
+        with self._row_lock:
             if self.row is None:
                 self.row = ReconcileRun.objects.create(
                     scope=ReconcileRun.Scope.NODE,
@@ -469,6 +477,7 @@ class NodeReconciler:
         read_pods: bool = True,
         sync: CacheSync | None = None,
         assignments: Any = None,
+        fold_releases: bool = True,
     ) -> None:
         """``pod_resources`` has ``list() -> list[DeviceUse]`` (a ``PodResourcesClient``).
         ``claims`` defaults to a claim store on ``api_client``. ``workers=0`` runs every
@@ -479,7 +488,8 @@ class NodeReconciler:
         pass at once instead of at the next sweep. ``assignments`` (the agent's, when it
         honours the scheduler extender's) says which resources have an Allocate in flight;
         with an ``api_client`` the reconciler publishes what each pod holds on the pod
-        (``agent.node.holdings``)."""
+        (``agent.node.holdings``). ``fold_releases=False`` writes every gone pod's slot on its
+        own (the baseline of ``bench release-storm``)."""
         conf = settings.AKRI
         self.node = node
         self.namespace = namespace
@@ -495,6 +505,7 @@ class NodeReconciler:
             conf["SWEEP_INTERVAL_SECONDS"] if sweep_interval is None else sweep_interval
         )
         self.clock = clock
+        self.fold_releases = fold_releases
         self.watch_pods = watch_pods and api_client is not None
         self.read_pods = read_pods and api_client is not None
         self.pods = PodIndex()
@@ -520,6 +531,11 @@ class NodeReconciler:
         self._targets: set[str] = set()  # slots a targeted pass should look at
         self._gone: list[PodInfo] = []  # pods ended, waiting for _drain_gone
         self._gone_guard = threading.Lock()
+        # Gone pods' slots waiting for their Instance's next write, and the Instances being
+        # written (``_release_due``).
+        self._due: dict[str, list[tuple[Binding, list[PodInfo], RunBook]]] = {}
+        self._releasing: set[str] = set()
+        self._due_guard = threading.Lock()
         self._burst: RunBook | None = None
         self._writes: queue.SimpleQueue | None = queue.SimpleQueue() if workers else None
         self._writer: threading.Thread | None = None
@@ -712,7 +728,7 @@ class NodeReconciler:
 
     def _drain_gone(self) -> None:
         """Release what every pod gone so far held. Pods tend to end together (a Job, a
-        rollout): their releases share one run for up to EVENT_RUN_SECONDS, so only the first
+        rollout): their releases share one run (see EVENT_RUN_SECONDS), so only the first
         of a burst writes a run row before its API call (SQLite writers queue on each other)."""
         with self._gone_guard:
             pods, self._gone = self._gone, []
@@ -723,11 +739,16 @@ class NodeReconciler:
 
     def _burst_book(self) -> RunBook:
         with self._gone_guard:
-            book = self._burst
-            if book is None or time.perf_counter() - book.t0 > EVENT_RUN_SECONDS:
+            book, now = self._burst, time.perf_counter()
+            if (
+                book is None
+                or now - book.last_used > EVENT_RUN_SECONDS
+                or now - book.t0 > EVENT_RUN_MAX_SECONDS
+            ):
                 book = self._burst = RunBook(
                     self.node, ReconcileRun.Trigger.EVENT, self.clock(), always=True
                 )
+            book.last_used = now
             return book
 
     def on_pod_relist(self, objects: list[dict[str, Any]]) -> None:
@@ -758,31 +779,111 @@ class NodeReconciler:
         slots = [b for b in self.bindings() if any(self._names_pod(b, pod) for pod in pods)]
         if not slots:
             return None
+        # The run's row is written behind (cache.RunSource), not before the first release.
         book = book or RunBook(self.node, trigger, self.clock(), always=True)
-        book.ensure_row()
         by_instance: dict[str, list[Binding]] = defaultdict(list)
         for binding in slots:
             by_instance[binding.instance].append(binding)
 
         def release(instance: str, bindings: list[Binding]) -> None:
+            if self.fold_releases:
+                self._release_due(instance, [(b, pods, book) for b in bindings])
+                return
             with self._lock(instance):
                 for binding in bindings:
-                    book.count("checked")
-                    current = self._binding(binding.slot)
-                    if current is None or not any(self._names_pod(current, p) for p in pods):
-                        continue  # re-bound by an Allocate that came first: not this pod's now
-                    # No cache read first: the conditional write is the check, and this is
-                    # the path a deleted pod's slot waits on.
-                    expected = wanted_value(current.slot, current.device_id, self.node)
-                    why = f"pod {current.pod} is gone"
-                    try:
-                        self._release(book, instance, current.slot, expected, why, current)
-                    except Exception as exc:  # one slot's surprise must not stop the others
-                        log.exception("%s: releasing %s failed", self.node, current.slot)
-                        book.count("errors", f"{current.slot}: {exc}")
+                    self._release_one(book, instance, binding, pods)
 
         self._run_grouped(by_instance, release)
         return book.finish() if finish else book.row
+
+    def _release_one(
+        self, book: RunBook, instance: str, binding: Binding, pods: list[PodInfo]
+    ) -> None:
+        """One gone pod's slot, on its own (under the Instance's lock)."""
+        book.count("checked")
+        current = self._binding(binding.slot)
+        if current is None or not any(self._names_pod(current, p) for p in pods):
+            return  # re-bound by an Allocate that came first: not this pod's now
+        # No cache read first: the conditional write is the check, and this is the path a
+        # deleted pod's slot waits on.
+        expected = wanted_value(current.slot, current.device_id, self.node)
+        why = f"pod {current.pod} is gone"
+        try:
+            self._release(book, instance, current.slot, expected, why, current)
+        except Exception as exc:  # one slot's surprise must not stop the others
+            log.exception("%s: releasing %s failed", self.node, current.slot)
+            book.count("errors", f"{current.slot}: {exc}")
+
+    def _release_due(
+        self, instance: str, entries: list[tuple[Binding, list[PodInfo], RunBook]]
+    ) -> None:
+        """Gone pods' slots on one Instance, by group commit: the thread that finds nobody
+        releasing this Instance writes everything due for it, and again for whatever came
+        due during its write, until nothing is left; others only add to the queue. A lone
+        release waits for nothing, and a storm's releases of one Instance share writes."""
+        with self._due_guard:
+            self._due.setdefault(instance, []).extend(entries)
+            if instance in self._releasing:
+                return  # the releasing thread takes them with its next write
+            self._releasing.add(instance)
+        while True:
+            with self._due_guard:
+                taken = self._due.pop(instance, [])
+                if not taken:
+                    self._releasing.discard(instance)
+                    return
+            try:
+                with self._lock(instance):
+                    self._release_taken(instance, taken)
+            except Exception as exc:  # the loop must go on: it alone releases this Instance
+                log.exception("%s: releasing slots of %s failed", self.node, instance)
+                for binding, _, book in taken:
+                    book.count("errors", f"{binding.slot}: {exc}")
+            # Books of other callers that returned before their slots were written.
+            for book in {id(book): book for _, _, book in taken}.values():
+                self._persist(book.finish)
+
+    def _release_taken(
+        self, instance: str, taken: list[tuple[Binding, list[PodInfo], RunBook]]
+    ) -> None:
+        due: dict[str, tuple[Binding, RunBook]] = {}
+        for binding, pods, book in taken:
+            book.count("checked")
+            current = self._binding(binding.slot)
+            if current is None or not any(self._names_pod(current, p) for p in pods):
+                continue  # re-bound by an Allocate that came first: not this pod's now
+            due.setdefault(current.slot, (current, book))
+        if len(due) == 1:
+            ((current, book),) = due.values()
+            expected = wanted_value(current.slot, current.device_id, self.node)
+            self._release(
+                book, instance, current.slot, expected, f"pod {current.pod} is gone", current
+            )
+        elif due:
+            self._release_together(instance, list(due.values()))
+
+    def _release_together(self, instance: str, due: list[tuple[Binding, RunBook]]) -> None:
+        """Release the slots of gone pods on one Instance in one conditional write (under the
+        Instance's lock). Each slot keeps its own condition, event row and outcome, as
+        ``_release`` gives it: a slot that changed meanwhile is left alone, the others freed."""
+        expected, attributions = {}, {}
+        for binding, book in due:
+            expected[binding.slot] = wanted_value(binding.slot, binding.device_id, self.node)
+            attributions[binding.slot] = cache.Attribution(
+                SlotEvent.Cause.RECONCILE,
+                self.claims.actor,
+                node=self.node,
+                pod=binding.pod,
+                detail=f"pod {binding.pod} is gone",
+                run=book,
+            )
+        try:
+            outcomes = self.claims.release_many(instance, expected, attributions)
+        except ClaimStoreError as exc:  # InstanceGone included: it concerns every slot alike
+            outcomes = dict.fromkeys(expected, exc)
+        for binding, book in due:
+            why = attributions[binding.slot].detail
+            self._released(book, binding.slot, outcomes[binding.slot], why, binding)
 
     def _names_pod(self, binding: Binding, pod: PodInfo) -> bool:
         if (binding.pod_namespace, binding.pod_name) != (pod.namespace, pod.name):
@@ -1022,19 +1123,33 @@ class NodeReconciler:
                 node=self.node,
                 pod=pod,
                 detail=why,
-                run=book.ensure_row(),
+                run=book,  # its row written behind: see cache.RunSource
             )
-        except (SlotChanged, InstanceGone) as exc:
-            book.note(f"{key}: not released, {exc}")
+        except (SlotChanged, ClaimStoreError) as exc:
+            self._released(book, key, exc, why, binding)
+            return
+        self._released(book, key, result, why, binding)
+
+    def _released(
+        self,
+        book: RunBook,
+        key: str,
+        outcome: str | Exception,
+        why: str,
+        binding: Binding | None,
+    ) -> None:
+        """The books after one slot's release, alone or in a folded write: "released",
+        "already free", or what the claim store refused or failed with."""
+        if isinstance(outcome, SlotChanged | InstanceGone):
+            book.note(f"{key}: not released, {outcome}")
             self._forget(key)
-            return
-        except ClaimStoreError as exc:
-            book.count("errors", f"{key}: release failed, will retry: {exc}")
-            return
-        self._forget(key)
-        if result == "released":
-            book.count("released", f"{key}: released ({why})")
-            self._observe_latency(binding)
+        elif isinstance(outcome, ClaimStoreError):
+            book.count("errors", f"{key}: release failed, will retry: {outcome}")
+        else:
+            self._forget(key)
+            if outcome == "released":
+                book.count("released", f"{key}: released ({why})")
+                self._observe_latency(binding)
 
     def _restore(
         self,
@@ -1169,10 +1284,10 @@ class NodeReconciler:
         if gone is not None:
             seconds = time.monotonic() - gone
             metrics.RELEASE_LATENCY_SECONDS.observe(seconds)
-            try:  # the chart's history (agent.usage); a failed write must not fail the release
-                usage.record_release(self.node, seconds)
-            except DatabaseError:
-                log.warning("%s: release latency not recorded", self.node, exc_info=True)
+            # The chart's history (agent.usage), behind: on the release path, under the
+            # Instance's lock, each row waited for the database (a storm of 1,000 releases
+            # spent most of its time there), and a failed write must not fail the release.
+            self._persist(usage.record_release, self.node, seconds, timezone.now())
 
     # --- facts ----------------------------------------------------------------------------------
     def _snapshot(self, book: RunBook) -> Snapshot:
@@ -1432,6 +1547,7 @@ class NodeReconciler:
         try:
             while True:
                 try:
+                    self._rows_first(batch)
                     self._write_once(batch)
                     return
                 except (OperationalError, InterfaceError) as exc:
@@ -1451,6 +1567,17 @@ class NodeReconciler:
         finally:
             for mark in marks:
                 mark.set()
+
+    @staticmethod
+    def _rows_first(batch: list[tuple[Any, tuple]]) -> None:
+        """The run rows the batch's ``finish`` calls need, written before its transaction: the
+        cache applier may be writing one of them (``cache.RunSource``) under the run's lock
+        while waiting for the database's write lock, which the transaction would hold while
+        waiting for the run's lock."""
+        for fn, _ in batch:
+            book = getattr(fn, "__self__", None)
+            if isinstance(book, RunBook):
+                book.ensure_row()
 
     def _write_once(self, batch: list[tuple[Any, tuple]]) -> None:
         with transaction.atomic():

@@ -1,5 +1,7 @@
 """Runs one benchmark and prints its summary line last: ``NAME key=value ...``."""
 
+import inspect
+
 from django.core.management.base import BaseCommand, CommandError
 
 from agent import bench
@@ -12,6 +14,10 @@ class Command(BaseCommand):
         parser.add_argument("name", nargs="?", help="benchmark to run")
         parser.add_argument("--list", action="store_true", help="name every benchmark")
         parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+        # Sizes for the benchmarks that take them (release-storm), to run smaller than the
+        # issue's defaults on a small machine.
+        for size in ("nodes", "pods", "live"):
+            parser.add_argument(f"--{size}", type=int, help=f"{size} (release-storm)")
 
     def handle(self, *args, **options):
         if options["list"]:
@@ -23,5 +29,10 @@ class Command(BaseCommand):
             raise CommandError("name a benchmark, or --list to see them")
         if name not in bench.REGISTRY:
             raise CommandError(f"no benchmark {name!r}; known: {', '.join(sorted(bench.REGISTRY))}")
-        figures = bench.load(name)(quick=options["quick"], stdout=self.stdout)
+        sizes = {k: options[k] for k in ("nodes", "pods", "live") if options[k] is not None}
+        run = bench.load(name)
+        unknown = set(sizes) - set(inspect.signature(run).parameters)
+        if unknown:
+            raise CommandError(f"{name} takes no {', '.join('--' + k for k in sorted(unknown))}")
+        figures = run(quick=options["quick"], stdout=self.stdout, **sizes)
         self.stdout.write(bench.summary(name, figures))

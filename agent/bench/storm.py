@@ -1,0 +1,587 @@
+"""The ``release-storm`` benchmark: pods on shared Instances across many nodes deleted at once.
+
+The world (defaults from issue 32 §5): 50 nodes in racks of 5; each rack shares 5 Instances, so
+every Instance has slots held by 5 nodes; 5,000 pods (100 a node) are deleted by one
+``deletecollection`` while 500 live pods (10 a node) on the same Instances keep running. The
+API-server simulator runs in a process of its own, as a real API server would, and so do the
+nodes' kubelets (a ``PodFinisher`` each: the kubelet's side of pod deletion). The bench process
+holds the agents: each node's ``NodeReconciler`` (the release path: pod watch, bindings, claim
+store) over a PodResources stand-in, sharing one ``CacheSync`` and one database (on a cluster
+each agent has its own; here they all queue on one SQLite write lock, or share PostgreSQL when
+``DATABASE_URL`` names one).
+
+Figures, for the reconcilers as the agent runs them (releases of one Instance due together
+folded into one conditional write):
+
+- ``writes_per_slot``: Instance PATCH requests the agents sent (conflicts included) per freed
+  slot, counted at their API clients;
+- ``free_p95_s``: from each pod's disappearance from the API server (its DELETED event, seen by
+  a watch) to its slot free there (seen by a watch on the Instances);
+- ``live_touched``: live pods' slots that changed at any moment (must be 0);
+- ``delete_s``: the ``deletecollection`` call, and ``gone_s`` until every pod is gone;
+- the same storm with every slot released on its own (``fold_releases=False``), in the same run,
+  as the baseline: ``unfolded_writes_per_slot``, ``unfolded_free_p95_s`` and the ratios.
+
+Each run checks its own answers against the API server and fails loudly: every storm slot
+free, every live slot still held by its node, every pod gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from agent.bench import ensure_migrated, percentile
+from agent.domain.holdings import HOLDS
+from agent.domain.naming import il_resource_name, slot_key
+from agent.kube.claims import ClaimStore
+from agent.kube.client import GROUP, INSTANCES, VERSION, AkriApi, new_api_client
+from agent.kube.watch import CacheSync
+from agent.models import Instance, ReconcileRun, SlotPodBinding
+from agent.node.podresources import DeviceUse
+from agent.node.reconcile import NodeReconciler
+from agent.simulator.kubelet_pods import PodFinisher
+
+RACK = 5  # nodes sharing the same Instances
+PER_NODE_INSTANCES = 5
+TIMEOUT = 300.0
+QUICK = {"nodes": 5, "pods": 100, "live": 20}
+DEFAULT = {"nodes": 50, "pods": 5000, "live": 500}
+STORM_LABEL = "akri-bench/storm"
+
+
+def bench_release_storm(
+    quick: bool = False,
+    stdout: Any = None,
+    nodes: int | None = None,
+    pods: int | None = None,
+    live: int | None = None,
+) -> dict[str, object]:
+    ensure_migrated()
+    size = dict(QUICK if quick else DEFAULT)
+    for key, value in (("nodes", nodes), ("pods", pods), ("live", live)):
+        if value is not None:
+            size[key] = value
+    if size["nodes"] < 1 or size["pods"] < size["nodes"] or size["live"] < 0:
+        raise ValueError(f"a storm needs nodes >= 1 and pods >= nodes: {size}")
+    # The baseline first, so that the figure that counts does not run on a warmer machine.
+    unfolded = Storm(fold=False, **size).run(stdout)
+    folded = Storm(fold=True, **size).run(stdout)
+    return {
+        **size,
+        "writes_per_slot": folded.writes_per_slot,
+        "free_p95_s": folded.free_p95,
+        "free_p50_s": folded.free_p50,
+        "live_touched": folded.live_touched,
+        "delete_s": folded.delete_s,
+        "gone_s": folded.gone_s,
+        "unfolded_writes_per_slot": unfolded.writes_per_slot,
+        "unfolded_free_p95_s": unfolded.free_p95,
+        "unfolded_live_touched": unfolded.live_touched,
+        "writes_ratio": folded.writes_per_slot / unfolded.writes_per_slot,
+        "free_p95_ratio": folded.free_p95 / unfolded.free_p95 if unfolded.free_p95 else 0.0,
+    }
+
+
+# --- the kubelet's side --------------------------------------------------------------------------
+class StormKubelet:
+    """What a node's kubelet reports through PodResources, for the reconciler, and what its
+    ``PodFinisher`` removes when it stops a pod: the two calls the agent and the finisher make."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._uses: dict[tuple[str, str], list[DeviceUse]] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, use: DeviceUse) -> None:
+        with self._lock:
+            self._uses.setdefault((use.namespace, use.pod), []).append(use)
+
+    def list(self) -> list[DeviceUse]:
+        with self._lock:
+            return [use for uses in self._uses.values() for use in uses]
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._uses.pop((namespace, name), None)
+
+
+class CountingApi(AkriApi):
+    """The agents' Instance API, counting the PATCH requests they send (conflicts included)."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, counter: Counter) -> None:
+        super().__init__(api_client, namespace)
+        self.counter = counter
+
+    def patch_instance(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self.counter.add()
+        return super().patch_instance(name, ops)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+# --- one storm -----------------------------------------------------------------------------------
+@dataclass
+class Result:
+    writes_per_slot: float
+    free_p95: float
+    free_p50: float
+    live_touched: int
+    delete_s: float
+    gone_s: float
+
+
+@dataclass
+class Storm:
+    fold: bool
+    nodes: int
+    pods: int
+    live: int
+    seed: int = 32
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+
+    def __post_init__(self) -> None:
+        self.namespace = f"storm-{self.tag}"
+        self.node_names = [f"{self.tag}-node-{i:02d}" for i in range(self.nodes)]
+        self.storm_keys: dict[str, str] = {}  # slot -> pod name
+        self.live_keys: dict[str, str] = {}  # slot -> holder node
+        self.instances: dict[str, dict[str, str]] = {}  # name -> deviceUsage
+        # node -> (pod, Instance, slot, live?)
+        self.holds: dict[str, list[tuple[str, str, str, bool]]] = defaultdict(list)
+        self.patches = Counter()
+
+    @property
+    def _name(self) -> str:
+        return "folded" if self.fold else "unfolded"
+
+    def run(self, stdout: Any = None) -> Result:
+        root = tempfile.mkdtemp(prefix="akstorm", dir="/tmp")
+        server = _start_simulator(root, self.namespace)
+        reconcilers: list[NodeReconciler] = []
+        finishers = sync = watches = None
+        try:
+            kubeconfig = os.path.join(root, "kubeconfig")
+            api_client = new_api_client(kubeconfig)
+            self._plan()
+            self._create(api_client)
+            sync = CacheSync(new_api_client(kubeconfig), self.namespace, owner="storm").start()
+            sync.wait_synced()
+            kubelets = self._kubelets()
+            for node in self.node_names:
+                reconcilers.append(self._reconciler(node, kubelets[node], kubeconfig, sync))
+            self._wait_learned(reconcilers)
+            self._wait_published(api_client)
+            for reconciler in reconcilers:  # and their books are written
+                if not reconciler.flush(timeout=TIMEOUT):
+                    raise RuntimeError(f"{reconciler.node} did not write its books in time")
+            finishers = _start_kubelets(kubeconfig, self.namespace, self.node_names)
+            node_of = {pod: node for node, held in self.holds.items() for pod, *_ in held}
+
+            def stopped(pod: str) -> None:  # the kubelet stopped it: PodResources lists it no more
+                kubelets[node_of[pod]].remove_pod(self.namespace, pod)
+
+            watches = Watches(
+                new_api_client(kubeconfig), self.namespace, self.live_keys, stopped
+            ).start()
+            if stdout is not None:
+                stdout.write(f"  {self._name}: world ready, deleting\n")
+                stdout.flush()
+            result = self._storm(api_client, watches)
+            self._check(api_client, reconcilers)
+            if stdout is not None:
+                stdout.write(f"  {self._name}: {result}\n")
+            return result
+        finally:
+            if watches is not None:
+                watches.stop()
+            if finishers is not None:
+                _stop(finishers)
+            for reconciler in reconcilers:
+                reconciler.stop()
+            if sync is not None:
+                sync.stop()
+            server.terminate()
+            server.wait(30)
+            shutil.rmtree(root, ignore_errors=True)
+            _forget(self.namespace, self.node_names)
+
+    # --- the world ------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        """Which pod holds which slot: each rack of nodes shares its Instances, and each node's
+        live and storm pods are mixed over them, so a folded write always has live slots of
+        the same node beside it."""
+        rng = random.Random(self.seed)
+        storm_at = _spread(self.pods, self.nodes)
+        live_at = _spread(self.live, self.nodes)
+        for i, node in enumerate(self.node_names):
+            rack = i // RACK
+            names = [f"storm-{self.tag}-{rack:02d}{k}" for k in range(PER_NODE_INSTANCES)]
+            kinds = [True] * live_at[i] + [False] * storm_at[i]
+            rng.shuffle(kinds)
+            for j, is_live in enumerate(kinds):
+                instance = names[j % len(names)]
+                usage = self.instances.setdefault(instance, {})
+                key = slot_key(instance, len(usage))
+                usage[key] = node
+                pod = f"{'live' if is_live else 'gone'}-{i:02d}-{j:04d}"
+                self.holds[node].append((pod, instance, key, is_live))
+                if is_live:
+                    self.live_keys[key] = node
+                else:
+                    self.storm_keys[key] = pod
+
+    def _create(self, api_client: client.ApiClient) -> None:
+        akri = AkriApi(api_client, self.namespace)
+        core = client.CoreV1Api(api_client)
+        for node in self.node_names:
+            core.create_node({"metadata": {"name": node}})
+        for name, usage in self.instances.items():
+            akri.create_instance(_instance_body(name, usage))
+        bodies = []
+        for node, held in self.holds.items():
+            for pod, instance, _, is_live in held:
+                bodies.append(_pod_body(pod, node, il_resource_name(instance), is_live))
+        _in_parallel(lambda body: core.create_namespaced_pod(self.namespace, body), bodies)
+
+    def _kubelets(self) -> dict[str, StormKubelet]:
+        kubelets = {node: StormKubelet(node) for node in self.node_names}
+        for node, held in self.holds.items():
+            for pod, instance, key, _ in held:
+                use = DeviceUse(il_resource_name(instance), key, self.namespace, pod, "main")
+                kubelets[node].hold(use)
+        return kubelets
+
+    def _reconciler(
+        self, node: str, kubelet: StormKubelet, kubeconfig: str, sync: CacheSync
+    ) -> NodeReconciler:
+        api_client = new_api_client(kubeconfig)
+        api = CountingApi(api_client, self.namespace, self.patches)
+        claims = ClaimStore(api, f"agent:{node}", sync=sync)
+        return NodeReconciler(
+            node=node,
+            namespace=self.namespace,
+            pod_resources=kubelet,
+            claims=claims,
+            api_client=api_client,
+            sync=sync,
+            sweep_interval=3600,
+            fold_releases=self.fold,
+        ).start(startup_timeout=60)
+
+    def _wait_learned(self, reconcilers: list[NodeReconciler]) -> None:
+        """The start-up sweeps adopt every held slot and learn its pod from PodResources."""
+        deadline = time.monotonic() + TIMEOUT
+        for reconciler in reconcilers:
+            wanted = {pod for pod, _, _, _ in self.holds[reconciler.node]}
+            while {b.pod_name for b in reconciler.bindings()} != wanted:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{reconciler.node} did not learn its pods in time")
+                time.sleep(0.05)
+
+    def _wait_published(self, api_client: client.ApiClient) -> None:
+        """Pods run a while before they end: the agents have written on each pod what it
+        holds (``agent.node.holdings``), so that this work is not in the storm's figures."""
+        core = client.CoreV1Api(api_client)
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            pods = core.list_namespaced_pod(self.namespace).items
+            if all(HOLDS in (p.metadata.annotations or {}) for p in pods):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agents did not annotate their pods in time")
+            time.sleep(0.5)
+
+    # --- the storm ------------------------------------------------------------------------------
+    def _storm(self, api_client: client.ApiClient, watches: Watches) -> Result:
+        core = client.CoreV1Api(api_client)
+        writes_before = self.patches.value
+        started = time.monotonic()
+        core.delete_collection_namespaced_pod(self.namespace, label_selector=f"{STORM_LABEL}=yes")
+        delete_s = time.monotonic() - started
+        watches.wait(set(self.storm_keys), set(self.storm_keys.values()), TIMEOUT)
+        writes = self.patches.value - writes_before
+        latencies = [watches.freed[key] - watches.gone[pod] for key, pod in self.storm_keys.items()]
+        return Result(
+            writes_per_slot=round(writes / len(self.storm_keys), 3),
+            free_p95=round(percentile(latencies, 95), 3),
+            free_p50=round(percentile(latencies, 50), 3),
+            live_touched=len(watches.touched),
+            delete_s=round(delete_s, 2),
+            gone_s=round(max(watches.gone.values()) - started, 2),
+        )
+
+    def _check(self, api_client: client.ApiClient, reconcilers: list[NodeReconciler]) -> None:
+        """The answers, from the API server: loudly wrong rather than quietly fast."""
+        akri = AkriApi(api_client, self.namespace)
+        usage: dict[str, str] = {}
+        for obj in akri.list_instances()["items"]:
+            usage.update(obj["spec"].get("deviceUsage") or {})
+        held = [key for key in self.storm_keys if usage.get(key) != ""]
+        moved = [key for key, node in self.live_keys.items() if usage.get(key) != node]
+        pods = client.CoreV1Api(api_client).list_namespaced_pod(self.namespace).items
+        left = [p.metadata.name for p in pods if p.metadata.name.startswith("gone-")]
+        if held or moved or left or len(pods) != len(self.live_keys):
+            raise RuntimeError(
+                f"release-storm answers wrong: {len(held)} storm slots still held {held[:5]},"
+                f" {len(moved)} live slots changed {moved[:5]}, {len(left)} storm pods left,"
+                f" {len(pods)} pods in all for {len(self.live_keys)} live"
+            )
+        for reconciler in reconcilers:
+            reconciler.flush(timeout=60)
+        errors = ReconcileRun.objects.filter(node__in=self.node_names, errors__gt=0).count()
+        if errors:
+            raise RuntimeError(f"{errors} reconcile runs counted errors during the storm")
+
+
+class Watches:
+    """When each pod left the API server and each slot turned free there, and whether a live
+    pod's slot ever changed, from two watches of the bench's own."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        live_keys: dict[str, str],
+        on_gone: Any = None,
+    ) -> None:
+        self.api_client = api_client
+        self.on_gone = on_gone
+        self.namespace = namespace
+        self.live_keys = live_keys
+        self.gone: dict[str, float] = {}
+        self.freed: dict[str, float] = {}
+        self.touched: set[str] = set()
+        self.cond = threading.Condition()
+        self._watches = [watch.Watch(), watch.Watch()]
+        self._threads = [
+            threading.Thread(target=self._guarded, args=(self._follow_pods,), daemon=True),
+            threading.Thread(target=self._guarded, args=(self._follow_instances,), daemon=True),
+        ]
+        self._stopped = False
+        self._started = threading.Barrier(3)
+
+    def start(self) -> Watches:
+        for thread in self._threads:
+            thread.start()
+        self._started.wait(60)
+        return self
+
+    def stop(self) -> None:
+        self._stopped = True
+        for w in self._watches:
+            w.stop()
+
+    def _guarded(self, follow: Any) -> None:
+        try:
+            follow()
+        except Exception:  # the simulator went away at the end of the run
+            if not self._stopped:
+                raise
+
+    def _follow_pods(self) -> None:
+        core = client.CoreV1Api(self.api_client)
+        # Listed first, so that the watch starts after the world and misses nothing after it.
+        rv = core.list_namespaced_pod(self.namespace).metadata.resource_version
+        self._started.wait(60)
+        stream = self._watches[0].stream(
+            core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=900
+        )
+        for event in stream:
+            if event["type"] == "DELETED":
+                name = event["object"].metadata.name
+                with self.cond:
+                    self.gone.setdefault(name, time.monotonic())
+                    self.cond.notify_all()
+                if self.on_gone is not None:
+                    self.on_gone(name)
+
+    def _follow_instances(self) -> None:
+        custom = client.CustomObjectsApi(self.api_client)
+        args = (GROUP, VERSION, self.namespace, INSTANCES)
+        rv = custom.list_namespaced_custom_object(*args)["metadata"]["resourceVersion"]
+        self._started.wait(60)
+        stream = self._watches[1].stream(
+            custom.list_namespaced_custom_object, *args, resource_version=rv, timeout_seconds=900
+        )
+        for event in stream:
+            usage = (event["object"].get("spec") or {}).get("deviceUsage") or {}
+            now = time.monotonic()
+            with self.cond:
+                for key, value in usage.items():
+                    if key in self.live_keys:
+                        if value != self.live_keys[key]:
+                            self.touched.add(key)
+                    elif value == "":
+                        self.freed.setdefault(key, now)
+                self.cond.notify_all()
+
+    def wait(self, keys: set[str], pods: set[str], timeout: float) -> None:
+        with self.cond:
+            done = self.cond.wait_for(
+                lambda: keys <= self.freed.keys() and pods <= self.gone.keys(), timeout
+            )
+            if not done:
+                raise RuntimeError(
+                    f"release-storm: after {timeout:.0f} s, {len(keys - self.freed.keys())} slots"
+                    f" not free and {len(pods - self.gone.keys())} pods not gone"
+                )
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def _spread(total: int, nodes: int) -> list[int]:
+    return [total // nodes + (1 if i < total % nodes else 0) for i in range(nodes)]
+
+
+def _instance_body(name: str, usage: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "akri.sh/v0",
+        "kind": "Instance",
+        "metadata": {"name": name},
+        "spec": {
+            "configurationName": "storm",
+            "cdiName": f"akri.sh/storm={name[-6:]}",
+            "capacity": len(usage),
+            "shared": True,
+            "nodes": sorted(set(usage.values())),
+            "brokerProperties": {},
+            "deviceUsage": dict(usage),
+        },
+    }
+
+
+def _pod_body(name: str, node: str, resource: str, live: bool) -> dict[str, Any]:
+    limits = {resource: "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {STORM_LABEL: "no" if live else "yes"}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": limits, "limits": limits},
+                }
+            ],
+        },
+    }
+
+
+def _in_parallel(fn: Any, items: list[Any], threads: int = 8) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+def _start_simulator(root: str, namespace: str) -> subprocess.Popen:
+    """The API-server simulator in a process of its own; returns once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = os.path.join(root, "kubeconfig")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent.simulator.apiserver",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            kubeconfig,
+            "--namespace",
+            namespace,
+        ],  # fmt: skip
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.DEVNULL,
+        stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(kubeconfig):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("the API-server simulator did not start")
+        time.sleep(0.05)
+    core = client.CoreV1Api(new_api_client(kubeconfig))
+    core.create_namespace({"metadata": {"name": namespace}})
+    return process
+
+
+def _start_kubelets(kubeconfig: str, namespace: str, nodes: list[str]) -> subprocess.Popen:
+    """The nodes' kubelets, their side of pod deletion (``PodFinisher``), in a process of their
+    own, as on a cluster where they run on other machines: in the agents' process, 50 of them
+    took its interpreter lock, and the agents saw each deletion seconds late. Returns once
+    every one has listed its pods; it ends when its stdin closes."""
+    code = (
+        "import sys, django; django.setup(); from agent.bench import storm; storm.kubelets_main()"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, kubeconfig, namespace, *nodes],
+        cwd=Path(__file__).resolve().parents[2],
+        env={"DJANGO_SETTINGS_MODULE": "akri_site.settings", **os.environ},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
+        text=True,
+    )
+    if process.stdout.readline().strip() != "synced":
+        _stop(process)
+        raise RuntimeError("the kubelets' process did not start")
+    return process
+
+
+def kubelets_main() -> None:
+    """The kubelets' process (``_start_kubelets``): argv is kubeconfig, namespace, nodes."""
+    kubeconfig, namespace, *nodes = sys.argv[1:]
+    finishers = [
+        PodFinisher(StormKubelet(node), new_api_client(kubeconfig), namespace).start()
+        for node in nodes
+    ]
+    for finisher in finishers:
+        if not finisher.wait_synced(60):
+            raise SystemExit(f"kubelet {finisher.node} did not list its pods")
+    print("synced", flush=True)
+    sys.stdin.read()  # until the bench closes it
+    for finisher in finishers:
+        finisher.stop()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
+        process.stdin.close()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def _forget(namespace: str, nodes: list[str]) -> None:
+    """Bench rows out of the cache (history rows stay, as history does)."""
+    Instance.objects.filter(namespace=namespace).delete()
+    SlotPodBinding.objects.filter(namespace=namespace).delete()
