@@ -265,3 +265,24 @@ def test_held_vdevs_offered_together_to_a_new_pod_are_planned_afresh(cluster):
     held = {k.rsplit("-", 1)[0]: v for k, v in values.items() if v}
     assert sorted(held) == [FOO0, FOO1]
     assert sorted(held.values()) == sorted(f"C:{v}:node-a" for v in vdevs)
+
+
+def test_a_vdev_from_the_list_before_the_last_is_admitted_while_slots_are_free(cluster):
+    """In unique mode the node lists held vdevs plus one per Instance with a free slot, so its
+    list shrinks as pods are admitted; in a burst the kubelet may pick an id from the list
+    before the last. That id is a count, held by no pod here: with slots free the pod is
+    admitted (it used to fail with "not a device of"), and an id no list could hold is still
+    refused."""
+    start(cluster)
+    kubelet = cluster["node-a"].kubelet
+    kubelet.wait_devices(RESOURCE, lambda d: len(healthy(d)) == 2)
+    beyond = f"{CONFIG}-5"  # well-formed, beyond the two ids listed now
+
+    answer = allocate(kubelet, RESOURCE, [beyond])
+
+    assert isinstance(answer, dp.AllocateResponse), answer
+    values = {**cluster.usage(FOO0), **cluster.usage(FOO1)}
+    assert sorted(v for v in values.values() if v) == [f"C:{beyond}:node-a"]
+    refused = allocate(kubelet, RESOURCE, [f"{CONFIG}-x"])
+    assert isinstance(refused, grpc.RpcError)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT

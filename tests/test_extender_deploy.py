@@ -160,6 +160,7 @@ def test_the_cert_manager_component_issues_the_extenders_and_the_schedulers_cert
 
 
 def test_the_admission_policy_lets_the_extender_write_what_its_policies_write_at_bind():
+    from agent.extender.retry import ANNOTATION as RETRY
     from agent.sharing.akri_slots import ASSIGNMENT
     from agent.sharing.gpu_cards import GPU_INDEX, PREDICATE_TIME
 
@@ -178,4 +179,10 @@ def test_the_admission_policy_lets_the_extender_write_what_its_policies_write_at
         f"system:serviceaccount:{NAMESPACE}:{account}"
         in (policy["spec"]["matchConditions"][0]["expression"])
     )
-    assert set(yaml.safe_load(variables["ours"])) == {ASSIGNMENT, GPU_INDEX, PREDICATE_TIME}
+    # The bind's annotations, and the one that asks kube-scheduler to retry a refused pod.
+    assert set(yaml.safe_load(variables["ours"])) == {
+        ASSIGNMENT,
+        RETRY,
+        GPU_INDEX,
+        PREDICATE_TIME,
+    }

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
-from agent.extender.state import SchedulerState
+from agent.extender.retry import Retrier
+from agent.extender.state import GONE_GRACE, SchedulerState
 from agent.sharing.akri_slots import ASSIGNMENT, CONSUMED
+from agent.sharing.gpu_cards import GPU_INDEX, GPU_MEMORY
 from agent.sharing.registry import enabled
-from tests.sharing_world import configs, instance, pod
+from tests.sharing_world import assigned, configs, gpu_node, instance, pod
 
 CAM = configs(("cam", 1, True))
 
@@ -177,3 +179,199 @@ def test_a_pod_bound_with_two_slots_keeps_the_unclaimed_one_taken_until_every_cl
 
     assert state.assumptions == {}
     assert state.filter(pod({"akri.sh/cam": 1}), ["n2"]).fits == []  # held, per deviceUsage
+
+
+# --- the pod watch (agent.extender.feed.PodFeed) -------------------------------------------------
+def gpu_state(clock: Clock) -> SchedulerState:
+    state = SchedulerState(enabled(["gpushare"]), assume_seconds=30, clock=clock)
+    state.set_inventory([], {})
+    state.set_node("g1", gpu_node("g1", 1, 1000))
+    return state
+
+
+def bound(body: dict, node: str, annotations: dict[str, str]) -> dict:
+    meta = {**body["metadata"], "annotations": annotations}
+    return {**body, "metadata": meta, "spec": {**body["spec"], "nodeName": node}}
+
+
+def test_a_gpu_pod_deleted_moments_after_its_bind_frees_its_card_at_once():
+    """Its assumption from the bind used to hold the card for assume_seconds (30 s), long
+    after kube-scheduler had retried the waiting pod on the deletion."""
+    clock = Clock()
+    state = gpu_state(clock)
+    first, waiting = pod({GPU_MEMORY: 800}), pod({GPU_MEMORY: 800})
+    annotations = state.allocate(first, "g1")
+    assert state.filter(waiting, ["g1"]).fits == []
+
+    state.pod_changed(first["metadata"]["uid"], None, gone=True)  # deleted before any relist
+
+    assert state.filter(waiting, ["g1"]).fits == ["g1"]
+    assert annotations[GPU_INDEX] == "0"
+
+
+def test_a_gpu_pod_the_watch_shows_bound_is_counted_once_by_the_feed_then_freed():
+    clock = Clock()
+    state = gpu_state(clock)
+    first, waiting = pod({GPU_MEMORY: 800}), pod({GPU_MEMORY: 800})
+    annotations = state.allocate(first, "g1")
+    uid = first["metadata"]["uid"]
+    # The annotation lands before the binding: not a pod the feed counts yet, nor gone.
+    state.pod_changed(uid, None)
+    assert state.filter(waiting, ["g1"]).fits == [], "the bind's assumption must still count"
+    state.pod_changed(uid, bound(first, "g1", annotations))
+    assert uid not in state.assumptions
+    assert state.filter(waiting, ["g1"]).fits == []
+    state.pod_changed(uid, None, gone=True)
+    assert state.filter(waiting, ["g1"]).fits == ["g1"]
+
+
+def test_a_status_change_of_a_counted_pod_leaves_the_books_alone():
+    clock = Clock()
+    state = gpu_state(clock)
+    first = pod({GPU_MEMORY: 800})
+    annotations = state.allocate(first, "g1")
+    uid = first["metadata"]["uid"]
+    state.pod_changed(uid, bound(first, "g1", annotations))
+    version = state.version
+    running = bound(first, "g1", annotations)
+    running["status"] = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+    state.pod_changed(uid, running)
+    assert state.version == version
+
+
+def test_an_akri_assignment_outlives_its_pods_deletion_only_for_a_claims_way_here():
+    """The slot of a deleted Akri pod stays taken a little while: the agent may be claiming it
+    for an Allocate in flight, and that claim then shows in the cache (counted there until
+    released). Not for the whole assume_seconds: a deleted pod's room is for the waiting ones."""
+    clock = Clock()
+    state = state_with([instance("cam-000001", ("n1",), 1, configuration="cam")], clock)
+    first, waiting = pod({"akri.sh/cam": 1}), pod({"akri.sh/cam": 1})
+    state.allocate(first, "n1")
+    state.pod_changed(first["metadata"]["uid"], None, gone=True)
+    assert state.filter(waiting, ["n1"]).fits == []
+    clock.now += GONE_GRACE
+    assert state.filter(waiting, ["n1"]).fits == ["n1"]
+
+
+def test_an_assumption_follows_the_assignment_the_agent_corrected_after_admission():
+    """The kubelet admitted the pods in its own order: the agent gave "first" the slot
+    assigned to another pod and rewrote its assignment. The assumption now waits for the claim
+    of that slot, not of the one assigned at bind, which nobody will claim."""
+    clock = Clock()
+    cams = [instance(f"cam-00000{i}", ("n1",), 1, configuration="cam") for i in (1, 2)]
+    state = state_with(cams, clock)
+    first = pod({"akri.sh/cam": 1})
+    annotations = state.allocate(first, "n1")
+    given = json.loads(annotations[ASSIGNMENT])["slots"]["akri.sh/cam"][0]
+    other = "cam-000002-0" if given == "cam-000001-0" else "cam-000001-0"
+    corrected = assigned("n1", {"akri.sh/cam": [other]}, consumed={"akri.sh/cam": 1})
+    state.pod_changed(
+        first["metadata"]["uid"],
+        {
+            **first,
+            "spec": {**first["spec"], "nodeName": "n1"},
+            "metadata": {**first["metadata"], "annotations": corrected},
+        },
+    )
+    held = [
+        instance(c.name, ("n1",), 1, held={0: "C:cam-0:n1"}, configuration="cam")
+        if f"{c.name}-0" == other
+        else c
+        for c in cams
+    ]
+    state.set_inventory(held, CAM)
+    assert first["metadata"]["uid"] not in state.assumptions  # its real claim is in the cache
+    assert state.filter(pod({"akri.sh/cam": 1}), ["n1"]).fits == ["n1"]  # the other slot
+
+
+def test_would_fit_lets_one_pod_through_per_free_slot():
+    state = state_with(
+        [
+            instance("cam-000001", ("n1",), 1, configuration="cam"),
+            instance("cam-000002", ("n1",), 1, configuration="cam"),
+        ]
+    )
+    pods = [pod({"akri.sh/cam": 1}) for _ in range(5)]
+    fitting = state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in pods)
+    assert fitting == [p["metadata"]["uid"] for p in pods[:2]]
+    assert state.assumptions == {}  # nothing booked for real
+    assert state.filter(pods[4], ["n1"]).fits == ["n1"]
+
+
+def test_a_name_nobody_knows_yet_is_unschedulable_with_the_reason_in_words():
+    state = state_with([instance("cam-000001", ("n1",), 1, configuration="cam")])
+    decision = state.filter(pod({"akri.sh/newcfg": 1}), ["n1"])
+    assert decision.unresolvable == {}
+    assert "akri.sh/newcfg" in decision.failed["n1"]
+    assert "known to the extender yet" in decision.failed["n1"]
+    # An Instance that exists but that this node cannot see is still unresolvable here.
+    state.set_inventory(
+        [
+            instance("cam-000001", ("n1",), 1, configuration="cam"),
+            instance("cam-000002", ("n2",), 1, configuration="cam"),
+        ],
+        CAM,
+    )
+    decision = state.filter(pod({"akri.sh/cam-000002": 1}), ["n1"])
+    assert decision.failed == {}
+    assert "not visible to node n1" in decision.unresolvable["n1"]
+
+
+# --- asking kube-scheduler again (agent.extender.retry) ------------------------------------------
+class Asking(Retrier):
+    def __init__(self, state: SchedulerState, clock: Clock) -> None:
+        super().__init__(state, None, clock=clock)
+        self.written: list[str] = []
+
+    def _ask(self, pod: dict) -> bool:
+        self.written.append(pod["metadata"]["name"])
+        return True
+
+
+def test_a_freed_slot_asks_again_for_one_waiting_pod_not_all_of_them():
+    clock = Clock()
+    state = state_with([instance("cam-000001", ("n1",), 1, configuration="cam")], clock)
+    holder = pod({"akri.sh/cam": 1}, name="holder")
+    state.allocate(holder, "n1")
+    retrier = Asking(state, clock)
+    waiting = [pod({"akri.sh/cam": 1}, name=f"w{i}") for i in range(3)]
+    for body in waiting:
+        decision = state.filter(body, ["n1"])
+        assert decision.fits == []
+        retrier.refused_pod(body, list(decision.failed))
+    assert retrier.step() == []  # nothing changed
+    assert retrier.written == []
+
+    state.release(holder, "n1")  # the slot is free again
+    assert retrier.step() == [waiting[0]["metadata"]["uid"]]
+    assert retrier.written == ["w0"]
+    state.set_inventory([instance("cam-000001", ("n1",), 1, configuration="cam")], CAM)
+    retrier.step()  # the books changed again; w0's retry is on its way: nobody else asked
+    assert retrier.written == ["w0"]
+
+    clock.now += 11  # w0 never came back (deleted, bound elsewhere): the room is offered on
+    state.set_inventory([instance("cam-000001", ("n1",), 1, configuration="cam")], CAM)
+    retrier.step()
+    assert retrier.written == ["w0", "w1"]
+
+
+def test_an_assumption_of_a_running_pod_ends_once_its_claims_had_time_to_arrive():
+    """Running, the pod's Allocate is done. When the agent could not match the pod to its
+    assignment it planned alone and claimed other slots: the one assigned at bind is never
+    claimed, and its assumption kept it taken for assume_seconds (30 s)."""
+    clock = Clock()
+    cams = [instance(f"cam-00000{i}", ("n1",), 1, configuration="cam") for i in (1, 2)]
+    state = state_with(cams, clock)
+    first = pod({"akri.sh/cam": 1})
+    annotations = state.allocate(first, "n1")
+    running = {
+        **first,
+        "metadata": {**first["metadata"], "annotations": annotations},
+        "spec": {**first["spec"], "nodeName": "n1"},
+        "status": {"phase": "Running"},
+    }
+    state.pod_changed(first["metadata"]["uid"], running)
+    waiting = [pod({"akri.sh/cam": 1}) for _ in range(2)]
+    assert len(state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in waiting)) == 1
+    clock.now += GONE_GRACE
+    assert len(state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in waiting)) == 2

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.node.assignments import NoAssignments, Taken, cl_plan
-from tests.sharing_world import instance
+from agent.node.assignments import NoAssignments, Taken, cl_plan, may_take
+from tests.sharing_world import assigned, instance, pod
 
 STATES = [
     instance("cam-00000a", ("n1",), 2, {0: "n2"}, "cam"),
@@ -53,3 +53,19 @@ def test_without_assignments_nothing_is_ever_found():
     off = NoAssignments()
 
     assert off.take("akri.sh/cam", 1) is None and off.peek("akri.sh/cam", 1) == ()
+
+
+def test_a_running_pod_s_assignment_is_never_taken_for_a_new_allocate():
+    """The kubelet allocates a pod's devices before it starts it: a Running pod with an
+    assignment it never took (the agent planned alone for it) is not the pod of any Allocate
+    now. Taken, it made the new pod's own assignment go unused."""
+    assigned_pod = pod(
+        {"akri.sh/cam": 1}, annotations=assigned("n1", {"akri.sh/cam": ["cam-00000b-0"]})
+    )
+
+    assert may_take(assigned_pod, "n1", "akri.sh/cam", 1)
+    assigned_pod["status"] = {"phase": "Running"}
+    assert not may_take(assigned_pod, "n1", "akri.sh/cam", 1)
+    assigned_pod["status"] = {"phase": "Pending"}
+    assigned_pod["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    assert not may_take(assigned_pod, "n1", "akri.sh/cam", 1)

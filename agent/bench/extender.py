@@ -21,7 +21,10 @@ waits Pending with a reason). The scheduler stand-in runs kube-scheduler's resou
 the extender. ``rescheduled_s``: once the storm is over, half the running pods are deleted;
 seconds until as many Pending pods are admitted in their place (the agents free the slots,
 the extender's books and the kubelets' lists follow; target 10 s); ``rescheduled_first_s``
-until the first of them is.
+until the first of them is. The Pending pods wait in kube-scheduler's queue as its
+unschedulable pods (``QueueRunner``): retried on a deletion, on a node status change (every
+10 s), on an update of the pod (the extender asking again), not on a timer of the
+benchmark's; ``scheduling_cycles`` counts the attempts, successful or not.
 """
 
 from __future__ import annotations
@@ -45,11 +48,16 @@ from kubernetes import client
 
 from agent.bench import ensure_migrated, percentile
 from agent.bench.agent import CONFIG, agents, configuration
-from agent.extender.service import ExtenderService
 from agent.kube.client import new_api_client
 from agent.models import Configuration, Instance
 from agent.simulator.kubelet_pods import PodFinisher
-from agent.simulator.scheduler import MiniScheduler, filter_args, post, register_nodes
+from agent.simulator.scheduler import (
+    MiniScheduler,
+    QueueRunner,
+    filter_args,
+    post,
+    register_nodes,
+)
 
 WARM_UP = 3
 
@@ -113,13 +121,23 @@ def _timed_filters(url: str, pod: dict[str, Any], names: list[str], rounds: int)
 
 
 @contextlib.contextmanager
-def _extender_process(namespace: str) -> Any:
+def _extender_process(namespace: str, kubeconfig: str = "") -> Any:
     """``manage.py runextender`` in a process of its own, as it runs beside kube-scheduler:
-    the client's JSON work must not share the extender's interpreter lock."""
+    the client's JSON work (and, in schedule-storm, the agents and kubelets of the benchmark's
+    process) must not share the extender's interpreter lock. Without ``kubeconfig`` it runs
+    ``--without-api`` (filter and prioritize from the cache alone)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "AKRI_NAMESPACE": namespace, "LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "AKRI_NAMESPACE": namespace,
+        "LOG_LEVEL": "WARNING",
+        "KUBECONFIG": kubeconfig,
+        # The database this process uses, whatever its own settings would name.
+        **_database_env(),
+    }
+    args = [] if kubeconfig else ["--without-api"]
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -127,7 +145,7 @@ def _extender_process(namespace: str) -> Any:
             "runextender",
             "--host=127.0.0.1",
             f"--port={port}",
-            "--without-api",
+            *args,
         ],
         cwd=str(settings.BASE_DIR),
         env=env,
@@ -146,6 +164,13 @@ def _extender_process(namespace: str) -> Any:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _database_env() -> dict[str, str]:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3" and not os.environ.get("DATABASE_URL"):
+        return {"AKRI_SQLITE_PATH": str(db["NAME"])}
+    return {}
 
 
 def _healthy(url: str) -> bool:
@@ -244,21 +269,23 @@ def bench_schedule_storm(quick: bool = False, stdout: Any = None) -> dict[str, o
             )
         core = client.CoreV1Api(new_api_client(kubeconfig))
         register_nodes(core, names)  # as kubelets do: the extender binds to existing nodes only
-        service = ExtenderService(
-            new_api_client(kubeconfig), namespace=api.namespace, feed_interval=0.1
-        )
         # The kubelets' side of a pod's deletion: stop it, then delete it with grace 0.
         finishers = [
             PodFinisher(node.kubelet, new_api_client(kubeconfig), api.namespace).start()
             for node in nodes
         ]
         try:
-            with service:
-                _wait_for(
-                    lambda: len(service.state._instances) == devices, 60, "the extender's books"
-                )
+            _wait_for(
+                lambda: Instance.objects.filter(namespace=api.namespace).count() == devices,
+                60,
+                "the cache's Instances",
+            )
+            # As deployed: runextender in a process of its own, with its own settings' feed
+            # intervals (sharing this process's interpreter lock with five agents and their
+            # kubelets, it was slower than it is anywhere it runs).
+            with _extender_process(api.namespace, kubeconfig) as (url, _):
                 kubelets = {node.name: node.kubelet for node in nodes}
-                scheduler = MiniScheduler(core, api.namespace, service.url, kubelets)
+                scheduler = MiniScheduler(core, api.namespace, url, kubelets)
                 figures = _storm(scheduler, resource, pods)
                 figures["rescheduled_s"] = _reschedule(scheduler, core, figures)
                 held = sum(
@@ -297,7 +324,7 @@ def _storm(scheduler: MiniScheduler, resource: str, count: int) -> dict[str, Any
             if outcome.error:
                 raise RuntimeError(outcome.error)
             if not outcome.node:
-                waiting.append(pod)
+                waiting.append((pod, outcome.plugins()))
                 continue
             futures.append((pod, kubelets.submit(scheduler.admit, pod, outcome.node)))
         running = []
@@ -318,52 +345,43 @@ def _storm(scheduler: MiniScheduler, resource: str, count: int) -> dict[str, Any
 
 def _reschedule(scheduler: MiniScheduler, core: client.CoreV1Api, figures: dict) -> float:
     """Half the running pods are deleted; seconds until as many Pending pods are admitted in
-    their place. The scheduler retries each Pending pod as its queue does (backing off to at
-    most 0.5 s here; kube-scheduler retries on the cluster events that may free room) and
-    never waits for a kubelet: a pool admits what it binds, as in the storm."""
+    their place. The Pending pods sit in kube-scheduler's queue as its unschedulable pods
+    (``QueueRunner``): they are tried again only on the cluster events that kube-scheduler
+    acts on (an assigned pod's deletion, a node's allocatable in its next status update, an
+    update of the pod itself), after its backoff, as it does. A pool of kubelets admits what
+    is bound, as in the storm."""
     running, waiting = figures["running"], figures["waiting"]
     gone = running[: len(running) // 2]
     wanted = min(len(gone), len(waiting))
-    started = time.perf_counter()
-    for pod in gone:
-        meta = pod["metadata"]
-        core.delete_namespaced_pod(meta["name"], meta["namespace"])
-    deadline = time.monotonic() + 60
-    pause = 0.05
-    futures = []
     admitted_at: list[float] = []
-
-    def timed_admit(pod: dict[str, Any], node: str) -> tuple[bool, str]:
-        result = scheduler.admit(pod, node)
-        if result[0]:
-            admitted_at.append(time.perf_counter())
-        return result
-
+    futures = []
     with ThreadPoolExecutor(4, thread_name_prefix="kubelet") as kubelets:
-        while len(futures) < wanted:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(futures)} of {wanted} Pending pods bound in 60 s")
-            still = []
-            snapshot = scheduler.snapshot()  # the cache after the deletes it has heard of
-            for pod in waiting:
-                outcome = scheduler.bind_best(pod, snapshot)
-                if outcome.error:
-                    raise RuntimeError(outcome.error)
-                if outcome.node:
-                    futures.append((pod, kubelets.submit(timed_admit, pod, outcome.node)))
-                else:
-                    still.append(pod)
-            waiting[:] = still
-            if len(futures) < wanted:
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
+
+        def admit(pod: dict[str, Any], node: str) -> None:
+            futures.append((pod, kubelets.submit(timed_admit, pod, node)))
+
+        def timed_admit(pod: dict[str, Any], node: str) -> tuple[bool, str]:
+            result = scheduler.admit(pod, node)
+            if result[0]:
+                admitted_at.append(time.perf_counter())
+            return result
+
+        with QueueRunner(scheduler, on_bound=admit, manage_new=False) as runner:
+            for pod, plugins in waiting:
+                runner.queue.add_unschedulable(pod, plugins)
+            started = time.perf_counter()
+            for pod in gone:
+                meta = pod["metadata"]
+                core.delete_namespaced_pod(meta["name"], meta["namespace"])
+            _wait_for(lambda: len(admitted_at) >= wanted, 120, f"{wanted} Pending pods admitted")
+            elapsed = sorted(admitted_at)[wanted - 1] - started
+            figures["scheduling_cycles"] = runner.cycles
         for pod, future in futures:
             ok, _ = future.result()
             if ok:
                 running.append(pod)
             else:
                 figures["admission_errors"] += 1
-    elapsed = time.perf_counter() - started
     for pod in gone:
         running.remove(pod)
     figures["rescheduled"] = len(futures)

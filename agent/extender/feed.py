@@ -6,9 +6,12 @@ only then are versions compared and the changed rows read, and unchanged Instanc
 their ``InstanceState`` objects so that the nodes they concern keep their books.
 
 ``KubeFeed`` relists Nodes (capacity and annotations, for the GPU policies when the scheduler
-sends names only) and the bound, unfinished pods that carry a device annotation (Volcano's
-``volcano.sh/gpu-index`` or our ``akri.sh/assignment``), from the API server, as raw JSON: the
-client's model classes would cost seconds on thousands of nodes.
+sends names only) from the API server, as raw JSON: the client's model classes would cost
+seconds on thousands of nodes. ``PodFeed`` lists, then watches, the bound, unfinished pods that
+carry a device annotation (Volcano's ``volcano.sh/gpu-index`` or our ``akri.sh/assignment``).
+A watch, not a relist every few seconds: kube-scheduler retries the pods an extender refused
+on an assigned pod's deletion at once, and a feed seconds behind refused them again (the card
+of the deleted pod still counted), after which nothing asked again for minutes.
 
 ``FeedThread`` runs both in one background thread and never lets an error stop it: a failed
 step is logged and retried on the next tick, the books keep their last good inputs.
@@ -30,6 +33,7 @@ from agent.domain.cordon import ANNOTATION as CORDON_ANNOTATION
 from agent.domain.cordon import parse_cordon
 from agent.domain.slots import InstanceState
 from agent.extender.state import SchedulerState
+from agent.kube.watch import ResourceWatcher
 from agent.models import Configuration, Instance
 from agent.sharing.akri_slots import ASSIGNMENT
 from agent.sharing.gpu_cards import GPU_INDEX
@@ -100,12 +104,14 @@ class KubeFeed:
         self.state = state
         self.core = client.CoreV1Api(api_client)
 
-    def refresh(self) -> None:
+    def refresh(self, pods: bool = True) -> None:
+        """Nodes; and the device-holding pods, unless a ``PodFeed`` watches them."""
         nodes = self._list(self.core.list_node)
         for node in nodes:
             self.state.set_node(node["metadata"]["name"], node)
-        pods = self._list(self.core.list_pod_for_all_namespaces, field_selector=UNFINISHED)
-        self.state.set_pods(p for p in pods if holds_devices(p))
+        if pods:
+            found = self._list(self.core.list_pod_for_all_namespaces, field_selector=UNFINISHED)
+            self.state.set_pods(p for p in found if holds_devices(p))
 
     @staticmethod
     def _list(func: Any, **kwargs: Any) -> list[dict[str, Any]]:
@@ -118,6 +124,51 @@ def holds_devices(pod: dict[str, Any]) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     return bool(node) and any(key in annotations for key in DEVICE_ANNOTATIONS)
+
+
+class PodFeed:
+    """The device-holding pods, listed then watched (every pod: a pod that finishes or loses
+    its node leaves the books as it changes, which a field selector would not show)."""
+
+    def __init__(self, state: SchedulerState, api_client: client.ApiClient) -> None:
+        self.state = state
+        self.watcher = ResourceWatcher(
+            owner="extender",
+            kind="pods",
+            list_func=client.CoreV1Api(api_client).list_pod_for_all_namespaces,
+            on_event=self._on_event,
+            on_relist=self._on_relist,
+            api_client=api_client,
+            to_dict=True,
+            persist=False,
+        )
+        self._thread = threading.Thread(target=self.watcher.run, name="extender-pods", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> PodFeed:
+        self._thread.start()
+        if not self.watcher.synced.wait(timeout):
+            log.warning("extender: the pod watch has not listed yet; counting without it")
+        return self
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _on_relist(self, pods: list[dict[str, Any]]) -> None:
+        self.state.set_pods(p for p in pods if holds_devices(p) and not _finished(p))
+
+    def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        if not uid:
+            return
+        gone = kind == "DELETED" or _finished(pod)
+        held = not gone and holds_devices(pod)
+        self.state.pod_changed(uid, pod if held else None, gone=gone)
+
+
+def _finished(pod: dict[str, Any]) -> bool:
+    return ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
 
 
 class FeedThread:
@@ -139,6 +190,7 @@ class FeedThread:
         self._thread = threading.Thread(
             target=closing_connections(self._run), name="extender-feed", daemon=True
         )
+        self.pods_watched = False  # a PodFeed keeps the pods: the node relist leaves them
         self.errors = 0
 
     def start(self) -> FeedThread:
@@ -167,7 +219,7 @@ class FeedThread:
             log.exception("extender: reading the cache failed; keeping the last books")
         if kube and self.kube is not None:
             try:
-                self.kube.refresh()
+                self.kube.refresh(pods=not self.pods_watched)
             except Exception:
                 self.errors += 1
                 log.exception("extender: listing nodes and pods failed; keeping the last ones")

@@ -21,7 +21,8 @@ from django.conf import settings
 from kubernetes import client
 
 from agent.extender.binder import Binder
-from agent.extender.feed import CacheFeed, FeedThread, KubeFeed
+from agent.extender.feed import CacheFeed, FeedThread, KubeFeed, PodFeed
+from agent.extender.retry import Retrier
 from agent.extender.server import make_app, make_health_app
 from agent.extender.state import SchedulerState
 from agent.extender.tls import Reloader, ServerTls
@@ -61,14 +62,18 @@ class ExtenderService:
         self.state = SchedulerState(enabled(names), assume_seconds=assume)
         self.recorder = VerdictRecorder() if self.record else None
         binder = Binder(self.api_client) if self.api_client is not None else None
-        self.extender = Extender(self.state, binder, self.recorder, pack=pack)
+        # Without the API nothing can be asked again (nor bound): no pods to remember.
+        self.retrier = Retrier(self.state, self.api_client) if self.api_client is not None else None
+        self.extender = Extender(self.state, binder, self.recorder, pack=pack, retrier=self.retrier)
         kube = KubeFeed(self.state, self.api_client) if self.api_client is not None else None
+        self.pods = PodFeed(self.state, self.api_client) if self.api_client is not None else None
         self.feed = FeedThread(
             CacheFeed(self.state, self.namespace),
             kube,
             interval=self.feed_interval,
             kube_interval=self.kube_interval,
         )
+        self.feed.pods_watched = self.pods is not None
         # Read now: a missing or wrong file stops the process at start, in words.
         self.ssl_context: ssl.SSLContext | None = self.tls.context() if self.tls else None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,10 +128,18 @@ class ExtenderService:
     def start_feeds(self) -> None:
         if self.recorder is not None:
             self.recorder.start()
+        if self.pods is not None:
+            self.pods.start()
         self.feed.start()
+        if self.retrier is not None:
+            self.retrier.start()
 
     def stop_feeds(self) -> None:
+        if self.retrier is not None:
+            self.retrier.stop()
         self.feed.stop()
+        if self.pods is not None:
+            self.pods.stop()
         if self.recorder is not None:
             self.recorder.stop()
 

@@ -4,13 +4,17 @@ plus what the extender itself assigned moments ago and nobody has confirmed yet.
 Sources, newest first:
 - assumptions: a pod this extender bound is counted at once (``allocate``), on its node and, for
   slots of shared Instances, on every node that sees them, so two pods scheduled back to back
-  never both get the last slot. An assumption ends when the agent's claim shows in the cache
-  (every assigned slot held by that node) or after ``assume_seconds``. Not when the pod feed
-  shows the pod: the agent marks an assignment consumed just before it claims, and a relist
-  in that window must not make the slot look free;
-- bound pods from the pod feed (their device annotations: Volcano's gpu-index, our
+  never both get the last slot. An Akri assumption ends when the agent's claim shows in the
+  cache (every assigned slot held by that node; the slots the agent corrected the assignment
+  to, once it has), or ``GONE_GRACE`` after the pod is gone or Running (its claims, if any,
+  are in the cache by then), or after ``assume_seconds``. Not when the pod feed shows the pod:
+  the agent marks an assignment consumed just before it claims, and a look in that window must
+  not make the slot look free. Any other assumption (a GPU card) ends when the pod feed counts
+  the pod, or the pod is gone;
+- bound pods from the pod watch (their device annotations: Volcano's gpu-index, our
   assignment), which is how a restarted extender relearns what is in flight; a pod that is
-  also an assumption counts once (the books are keyed by pod uid);
+  also an assumption counts once (the books are keyed by pod uid). A pod Running for
+  ``GONE_GRACE`` no longer reserves an assignment it never took;
 - the inventory: Instances and Configurations from the controller's ORM cache, Node objects
   from the node feed or from the scheduler's own request.
 
@@ -29,8 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.domain.slots import InstanceState
-from agent.sharing.akri_slots import ASSIGNMENT, instance_of_slot, parse_assignment, unconsumed
-from agent.sharing.pods import PodView, annotations_of, uid_of
+from agent.sharing.akri_slots import (
+    ASSIGNMENT,
+    CONSUMED,
+    instance_of_slot,
+    parse_assignment,
+    unconsumed,
+)
+from agent.sharing.gpu_cards import GPU_INDEX, PREDICATE_TIME
+from agent.sharing.pods import EXTENDED, PodView, annotations_of, requests_of, uid_of
 from agent.sharing.policy import (
     Code,
     ConfigurationInfo,
@@ -42,6 +53,11 @@ from agent.sharing.policy import (
 )
 
 MAX_SCORE = 10
+# How long the assignment of an Akri pod that is gone, or running, still counts (see
+# pod_changed): a claim write's timeout (agent.node.assignments.TAKE_SETTLE_SECONDS) and the
+# cache's way here.
+GONE_GRACE = 6.0
+DEVICE_KEYS = frozenset({ASSIGNMENT, CONSUMED, GPU_INDEX, PREDICATE_TIME})
 
 
 @dataclass
@@ -101,6 +117,14 @@ class SchedulerState:
         self._books: dict[str, NodeBooks] = {}
         self._probe: NodeBooks | None = None
         self._owners: dict[str, str] | None = None  # assigned, unclaimed slot -> its node
+        # Bumped whenever an input changes (and when an assumption ends): what a pod was
+        # refused on may have changed (agent.extender.retry looks again).
+        self.version = 0
+        # Pods the feed shows Running, and since when (clock); those running for GONE_GRACE are
+        # "settled": their Allocate is long done, so an assignment they never took (the
+        # agent planned alone) no longer reserves anything; their claims count in the cache.
+        self._running: dict[str, float] = {}
+        self._settled: set[str] = set()
 
     # --- inputs -----------------------------------------------------------------------------
     def set_inventory(
@@ -129,6 +153,7 @@ class SchedulerState:
                         self._books.pop(node, None)
             self._probe = None
             self._drop_claimed()
+            self.version += 1
 
     def set_node(self, name: str, obj: Mapping[str, Any]) -> None:
         inputs = node_inputs(obj)
@@ -137,6 +162,7 @@ class SchedulerState:
             if held is None or held[1] != inputs:
                 self._nodes[name] = (dict(obj), inputs)
                 self._books.pop(name, None)
+                self.version += 1
 
     def set_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Replace the bound pods that hold devices (the pod feed's relist)."""
@@ -145,19 +171,86 @@ class SchedulerState:
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName") or ""
             if node:
-                by_node.setdefault(node, []).append(dict(pod))
+                by_node.setdefault(node, []).append(PodView(pod))
                 nodes[uid_of(pod)] = node
         with self.lock:
             old = self._pods_by_node
             self._pods_by_node = {n: tuple(p) for n, p in by_node.items()}
             self._pod_nodes = nodes
+            self._running = {u: t for u, t in self._running.items() if u in nodes}
+            self._settled &= set(self._running)
             for node in set(old) | set(by_node):
                 if old.get(node) != self._pods_by_node.get(node):
                     self._books.pop(node, None)
-            # Assumptions stay until the claim shows in the cache: the agent marks an
-            # assignment consumed just before it claims, and a relist in between must not
-            # make the slot look free.
+            # Assumptions of Akri slots stay until the claim shows in the cache: the agent
+            # marks an assignment consumed just before it claims, and a relist in between must
+            # not make the slot look free. Others end once the feed counts the pod itself.
+            for uid in [u for u in self.assumptions if u in nodes]:
+                if _counted_by_feed(self.assumptions[uid]):
+                    self._forget(uid)
             self._owners_changed()
+            self.version += 1
+
+    def pod_changed(self, uid: str, pod: Mapping[str, Any] | None, gone: bool = False) -> None:
+        """One pod from the pod watch: bound and holding devices as ``pod`` now, or (None)
+        holding nothing; ``gone``: deleted or finished. An assumption of a pod whose devices
+        are read from its annotations alone ends once the feed counts the pod, or once it is
+        gone (kept, it would hold its card until ``assume_seconds`` after the bind, while
+        kube-scheduler has retried the waiting pods on the deletion already). A change the
+        books do not read (a status condition, a label) changes nothing here."""
+        node = ((pod or {}).get("spec") or {}).get("nodeName") or ""
+        # A PodView: its parsed requests are kept across the rebuilds of its node's books.
+        new = PodView(pod) if pod is not None and node else None
+        with self.lock:
+            before = self._pod_nodes.get(uid, "")
+            old = _find(self._pods_by_node.get(before, ()), uid)
+            assumption = self.assumptions.get(uid)
+            if assumption is not None and _counted_by_feed(assumption) and (gone or new):
+                self._forget(uid)
+            elif assumption is not None and new is not None:
+                self._follow(uid, assumption, new)
+                if _running(new):
+                    self._cap(assumption)
+            elif assumption is not None and gone:
+                # An Akri pod gone before the cache showed its claims: the agent claims only
+                # for a pod it admitted, within a claim's write; what it claimed shows in the
+                # cache by GONE_GRACE, and is then counted there until released. Kept for the
+                # whole assume_seconds, its slots stayed taken for that long after the pod.
+                self._cap(assumption)
+            if new is not None and _running(new):
+                # Admitted: its Allocate claimed before the kubelet started it, so the claims
+                # reach the cache within GONE_GRACE. The slots assigned at bind may not be the
+                # ones it got (the agent plans alone when it cannot match the pod to its
+                # assignment); still counted, they stayed taken until assume_seconds passed.
+                self._running.setdefault(uid, self.clock())
+            else:
+                self._running.pop(uid, None)
+                self._settled.discard(uid)
+            if old is None and new is None:
+                return
+            if old is not None and new is not None and before == node:
+                same = _device_inputs(old) == _device_inputs(new)
+                self._pods_by_node[node] = tuple(
+                    new if uid_of(p) == uid else p for p in self._pods_by_node[node]
+                )
+                if same:
+                    return
+            else:
+                if old is not None:
+                    kept = tuple(p for p in self._pods_by_node[before] if uid_of(p) != uid)
+                    if kept:
+                        self._pods_by_node[before] = kept
+                    else:
+                        del self._pods_by_node[before]
+                    del self._pod_nodes[uid]
+                if new is not None:
+                    self._pods_by_node[node] = (*self._pods_by_node.get(node, ()), new)
+                    self._pod_nodes[uid] = node
+            self._books.pop(before, None)
+            self._books.pop(node, None)
+            if _owns(old, before) != _owns(new, node):
+                self._owners_changed()
+            self.version += 1
 
     # --- books ------------------------------------------------------------------------------
     def _inputs(self, node: str) -> tuple:
@@ -199,9 +292,13 @@ class SchedulerState:
             configurations=self._configurations,
             assume_seconds=self.assume_seconds,
             reserved=reserved,
+            instance_known=self._instance_known,
         )
         policies = [cls(inventory) for cls in self.policy_classes]
-        pods = {uid_of(p): p for p in self._pods_by_node.get(node, ())}
+        pods = {
+            uid_of(p): _without_assignment(p) if uid_of(p) in self._settled else p
+            for p in self._pods_by_node.get(node, ())
+        }
         for uid, assumption in self.assumptions.items():
             if assumption.node == node:
                 pods[uid] = assumption.pod
@@ -213,6 +310,11 @@ class SchedulerState:
                 except PolicyError:
                     continue  # a pod we cannot read holds nothing we can count
         return NodeBooks(inventory, policies, inputs)
+
+    def _instance_known(self, name: str) -> bool:
+        # Read at filter time, not build time: books built before an Instance arrived must
+        # not keep calling its name unknown.
+        return name in self._instances
 
     def interested(self, pod: Pod) -> list[int]:
         """Indexes of the policies that share something ``pod`` asks for (PolicyError when
@@ -318,6 +420,49 @@ class SchedulerState:
             self._books.pop(node, None)
             self._forget(uid_of(pod))
 
+    def would_fit(self, candidates: Iterable[tuple[str, Pod, list[str]]]) -> list[str]:
+        """Of ``candidates`` (uid, pod, nodes), in order, the pods that fit one after
+        another: each one that fits is booked on a private copy of its node's books, so that
+        one free slot lets one pod through, not every pod that wants it. Nothing is booked
+        for real. Pods asking for the same over the same nodes as one that did not fit are
+        not looked at again (two hundred waiting replicas cost one look)."""
+        found: list[str] = []
+        copies: dict[str, NodeBooks] = {}
+        hopeless: set[tuple] = set()
+        with self.lock:
+            self._expire()
+            for uid, pod, nodes in candidates:
+                view = _view(pod)
+                try:
+                    wanted = self.interested(view)
+                    signature = (tuple(sorted(requests_of(view, EXTENDED).items())), *nodes)
+                except PolicyError:
+                    continue
+                if not wanted or signature in hopeless:
+                    continue
+                if self._book_on_copy(view, wanted, nodes, copies):
+                    found.append(uid)
+                else:
+                    hopeless.add(signature)
+        return found
+
+    def _book_on_copy(
+        self, pod: PodView, wanted: list[int], nodes: list[str], copies: dict[str, NodeBooks]
+    ) -> bool:
+        for node in nodes:
+            books = copies.get(node) or self.books(node)
+            if any(books.policies[i].filter_node(pod)[0] is not Code.SUCCESS for i in wanted):
+                continue
+            if node not in copies:  # the shared books are only read; copy before booking
+                books = copies[node] = self._build(node, self._inputs(node))
+            try:
+                for index in wanted:
+                    books.policies[index].allocate(pod)
+            except PolicyError:
+                continue
+            return True
+        return False
+
     def status(self, node: str) -> list[tuple[str, str]]:
         with self.lock:
             return [(p.name, p.status()) for p in self.books(node).policies]
@@ -328,6 +473,37 @@ class SchedulerState:
         if assumption is not None:
             self._books.pop(assumption.node, None)
             self._owners_changed()
+            self.version += 1
+
+    def _follow(self, uid: str, assumption: Assumption, pod: PodView) -> None:
+        """The pod as the feed shows it now carries the assignment the agent corrected after
+        admission (the kubelet admits in its own order, and an Allocate may have taken another
+        waiting pod's slots): the assumption waits for the claims of those slots, not of the
+        ones assigned at bind, which may never be claimed and would stay taken until
+        assume_seconds passed."""
+        if ASSIGNMENT not in annotations_of(pod):
+            return
+        if annotations_of(pod).get(ASSIGNMENT) == annotations_of(assumption.pod).get(ASSIGNMENT):
+            return
+        # The corrected slots, none of them taken yet as far as the books go: the agent marks
+        # them consumed before its claims land, and the assumption covers that window.
+        meta = dict(assumption.pod.get("metadata") or {})
+        meta["annotations"] = {
+            **{k: v for k, v in annotations_of(assumption.pod).items() if k != CONSUMED},
+            ASSIGNMENT: annotations_of(pod)[ASSIGNMENT],
+        }
+        self._books.pop(assumption.node, None)
+        assumption.pod = {**assumption.pod, "metadata": meta}
+        self._owners_changed()
+        self._drop_claimed()
+
+    def _cap(self, assumption: Assumption) -> None:
+        assumption.deadline = min(assumption.deadline, self.clock() + GONE_GRACE)
+
+    def expire(self) -> None:
+        """End the assumptions whose time is up (a filter does it too)."""
+        with self.lock:
+            self._expire()
 
     # --- slots of shared Instances assigned on one node count on every node that sees them --
     def _slot_owners(self) -> dict[str, str]:
@@ -336,7 +512,8 @@ class SchedulerState:
             fresh_after = time.time_ns() - int(self.assume_seconds * 1e9)
             for node, pods in self._pods_by_node.items():
                 for pod in pods:
-                    _add_owned(owners, pod, node, fresh_after)
+                    if uid_of(pod) not in self._settled:
+                        _add_owned(owners, pod, node, fresh_after)
             for assumption in self.assumptions.values():
                 _add_owned(owners, assumption.pod, assumption.node, fresh_after)
             self._owners = owners
@@ -353,7 +530,21 @@ class SchedulerState:
             for node in state.nodes if state is not None else ():
                 self._books.pop(node, None)
 
+    def _settle(self) -> None:
+        """Running pods whose grace is over stop reserving their assignment (see _running)."""
+        now = self.clock()
+        settled = [
+            u for u, t in self._running.items() if u not in self._settled and now - t >= GONE_GRACE
+        ]
+        for uid in settled:
+            self._settled.add(uid)
+            self._books.pop(self._pod_nodes.get(uid, ""), None)
+        if settled:
+            self._owners_changed()
+            self.version += 1
+
     def _expire(self) -> None:
+        self._settle()
         now = self.clock()
         for uid, assumption in list(self.assumptions.items()):
             if assumption.deadline <= now:
@@ -391,6 +582,48 @@ def _add_owned(owners: dict[str, str], pod: Pod, node: str, fresh_after: int) ->
     for keys in unconsumed(pod, node).values():
         for key in keys:
             owners.setdefault(key, node)
+
+
+def _find(pods: Iterable[dict[str, Any]], uid: str) -> dict[str, Any] | None:
+    return next((p for p in pods if uid_of(p) == uid), None)
+
+
+def _device_inputs(pod: Mapping[str, Any]) -> tuple:
+    """What the policies read of a bound pod: its device annotations, requests and phase."""
+    annotations = annotations_of(pod)
+    devices = tuple(sorted((k, v) for k, v in annotations.items() if k in DEVICE_KEYS))
+    spec = pod.get("spec") or {}
+    resources = [
+        (c.get("resources") or {})
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or ()
+    ]
+    phase = (pod.get("status") or {}).get("phase")
+    return devices, repr(resources), phase
+
+
+def _owns(pod: Mapping[str, Any] | None, node: str) -> dict[str, list[str]]:
+    """The slots an assignment still reserves for ``pod`` (what ``_slot_owners`` counts)."""
+    return unconsumed(pod, node) if pod is not None else {}
+
+
+def _running(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def _without_assignment(pod: PodView) -> PodView:
+    """A settled pod as the books count it: its other device annotations, no assignment."""
+    meta = dict(pod.get("metadata") or {})
+    meta["annotations"] = {
+        k: v for k, v in annotations_of(pod).items() if k not in (ASSIGNMENT, CONSUMED)
+    }
+    return PodView({**pod, "metadata": meta})
+
+
+def _counted_by_feed(assumption: Assumption) -> bool:
+    """Whether the pod feed alone counts what the assumed pod holds: true of every device
+    annotation but an Akri assignment (see ``set_pods``)."""
+    return ASSIGNMENT not in annotations_of(assumption.pod)
 
 
 def _view(pod: Pod) -> PodView:

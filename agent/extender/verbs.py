@@ -20,6 +20,7 @@ from typing import Any
 
 from agent.extender import placement, protocol
 from agent.extender.binder import AlreadyBound, Binder, BindError
+from agent.extender.retry import Retrier
 from agent.extender.state import SchedulerState
 from agent.scheduling.recorder import VerdictRecorder
 from agent.sharing.pods import EXTENDED, requests_of
@@ -41,11 +42,13 @@ class Extender:
         recorder: VerdictRecorder | None = None,
         *,
         pack: bool = False,
+        retrier: Retrier | None = None,
     ) -> None:
         self.state = state
         self.binder = binder
         self.recorder = recorder
         self.pack = pack
+        self.retrier = retrier
         # uid -> the extended resources the filtered pod asked for. Filter runs on the loop and
         # bind in a thread, hence the lock.
         self._seen: OrderedDict[str, dict[str, int]] = OrderedDict()
@@ -64,9 +67,21 @@ class Extender:
         if not decision.error:
             self._saw(args.pod)
         self._record(args.pod, decision)
+        self._remember(args.pod, decision)
         return protocol.filter_result(
             args, decision.fits, decision.failed, decision.unresolvable, decision.error
         )
+
+    def _remember(self, pod: dict[str, Any], decision: Any) -> None:
+        """A pod refused where room may come is looked at again (agent.extender.retry)."""
+        if self.retrier is None or not decision.interested or decision.error:
+            return
+        if decision.fits:
+            self.retrier.placed(str((pod.get("metadata") or {}).get("uid")))
+        elif decision.failed or decision.unresolvable:
+            # Unresolvable nodes too: a Configuration whose Instances the cache has not
+            # brought yet reads as "sees 0" until they come.
+            self.retrier.refused_pod(pod, [*decision.failed, *decision.unresolvable])
 
     def _record(self, pod: dict[str, Any], decision: Any) -> None:
         if self.recorder is None or not decision.interested:
@@ -198,8 +213,11 @@ class Extender:
         self._done(pod, args)
 
     def _done(self, pod: dict[str, Any], args: protocol.BindingArgs) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid"))
         with self._seen_lock:
-            self._seen.pop(str((pod.get("metadata") or {}).get("uid")), None)
+            self._seen.pop(uid, None)
+        if self.retrier is not None:
+            self.retrier.placed(uid)
         if self.recorder is not None:
             self.recorder.record(
                 args.pod_namespace, args.pod_name, args.pod_uid, {"bound_to": args.node}

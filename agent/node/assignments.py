@@ -57,6 +57,20 @@ ATTEMPTS = 3
 TAKE_SETTLE_SECONDS = 5.0
 
 
+def may_take(pod: dict[str, Any], node: str, resource: str, count: int) -> bool:
+    """Whether an Allocate for ``count`` devices of ``resource`` may be ``pod``'s: unfinished,
+    not being deleted, not Running (the kubelet allocates every device of a pod before it
+    starts a container, so a Running pod's Allocates are over, and an assignment it never
+    took is stale: taken by a new pod's Allocate, it left that pod's own assignment unused,
+    its slots held by nobody and counted taken by the extender), with that many unconsumed."""
+    phase = (pod.get("status") or {}).get("phase")
+    if phase in ("Succeeded", "Failed", "Running"):
+        return False
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return len(unconsumed(pod, node).get(resource, ())) >= count
+
+
 def _pointer(key: str) -> str:
     return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
@@ -131,14 +145,7 @@ class Assignments:
             _request_timeout=TIMEOUT,
         )
         pods = json.loads(response.data).get("items") or []
-        found = []
-        for pod in pods:
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            if (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            if len(unconsumed(pod, self.node).get(resource, ())) >= count:
-                found.append(pod)
+        found = [pod for pod in pods if may_take(pod, self.node, resource, count)]
         return sorted(found, key=_age)
 
     def _consume(self, pod: dict[str, Any], resource: str, count: int) -> Taken:

@@ -27,7 +27,7 @@ import grpc
 
 from agent.domain.cl import cl_devices, held_vdevs, plan_cl_claims, preferred_allocation
 from agent.domain.errors import InsufficientDevices, InvalidDeviceId
-from agent.domain.naming import cl_resource_name
+from agent.domain.naming import cl_resource_name, parse_cl_device_id
 from agent.domain.slots import format_cl
 from agent.kube.claims import ClaimStoreError, SlotTaken, UnknownSlot, WriteUnknown
 from agent.node.assignments import cl_plan
@@ -117,9 +117,15 @@ class ConfigurationPlugin(DevicePlugin):
         )
 
     def _check_advertised(self, vdevs: list[str]) -> None:
+        """Refuse an id this plugin could never list. A well-formed vdev beyond the current
+        list passes once the plan has found slots for it: the list grows and shrinks as slots
+        are held and freed (held + claimable, agent.domain.cl), and in a burst the kubelet may
+        send an id from the list before the last one (it picked while our shorter list was on
+        its way). Refused, that pod failed admission (UnexpectedAdmissionError) with its slots
+        free; a vdev is a count, and one not listed is held by no pod of this node."""
         advertised = {device_id for device_id, _ in self.devices()}
         for vdev in vdevs:
-            if vdev not in advertised:
+            if vdev not in advertised and parse_cl_device_id(self.configuration, vdev) is None:
                 raise AllocateRefused(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"Invalid device id {vdev}: not a device of {self.resource_name}",

@@ -5,6 +5,11 @@ Fits when the node can see the Instance and it has as many free slots as asked (
 see the Instance, or its capacity is below the request: no eviction would change that.
 Unschedulable when the slots exist but are busy. A cordoned Instance (agent.domain.cordon) is
 treated as absent, Unresolvable with the cordon in words: evicting pods would not open it.
+
+A name the books know neither as an Instance (anywhere) nor as a Configuration is Unschedulable,
+not Unresolvable: it is most often a Configuration or Instance just created (or recreated)
+that the controller's cache has not brought to the extender yet, and the pod must be asked
+about again once it has (agent.extender.retry), not left waiting for a cluster event.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ class AkriInstancePolicy(AkriSlotPolicy):
 
     def _fits(self, instance: str, count: int) -> Verdict:
         state = self.slots.instances.get(instance)
+        if state is None and self.slots.unknown(instance):
+            return Code.UNSCHEDULABLE, (
+                f"akri.sh/{instance} names no Configuration or Instance known to the "
+                "extender yet (a new one may still be on its way from the cache)"
+            )
         if state is None:
             return Code.UNRESOLVABLE, f"Instance {instance} is not visible to node {self.node}"
         if state.capacity < count:

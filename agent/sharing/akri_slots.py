@@ -110,6 +110,7 @@ class AkriSlots:
         self.assume_ns = int(inventory.assume_seconds * 1e9)
         self.configurations = inventory.configurations
         self.instances: dict[str, InstanceState] = {s.name: s for s in inventory.instances}
+        self.instance_known = inventory.instance_known
         self._elsewhere = inventory.reserved  # assumed by pods bound to other nodes
         # Slots free in deviceUsage and not assumed on another node: fixed for these books. A
         # cordoned Instance has none (claimable_slots): no new pod may get one of its slots.
@@ -150,6 +151,15 @@ class AkriSlots:
     # --- kinds of resource ----------------------------------------------------------------
     def is_configuration(self, resource: str) -> bool:
         return short_name(resource) in self.configurations
+
+    def unknown(self, name: str) -> bool:
+        """``akri.sh/<name>`` names neither a Configuration nor an Instance the books know."""
+        return (
+            self.instance_known is not None
+            and name not in self.configurations
+            and name not in self.instances
+            and not self.instance_known(name)
+        )
 
     def usable(self, configuration: str) -> list[InstanceState]:
         """Instances of ``configuration`` this node can see, by name."""

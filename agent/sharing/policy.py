@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -70,6 +70,10 @@ class NodeInventory:
     # Slots of shared Instances assigned to pods on other nodes and not claimed yet: taken
     # here too (the Instance is one device, whichever node's pod gets it).
     reserved: frozenset[str] = frozenset()
+    # Whether an Instance of that name exists anywhere the books know (None: not told, as if
+    # every name did). A name that is neither this nor a Configuration is one the cache has
+    # not caught up with yet, or a name of nothing: not a device missing from this node.
+    instance_known: Callable[[str], bool] | None = None
 
     def shared_book(self, key: str, build: Any) -> Any:
         """The one ``build(self)`` object the node's policies keyed ``key`` share."""

@@ -27,14 +27,24 @@ Calling an extender over HTTPS it presents ``tls``, the fields of kube-scheduler
 Skipping the re-read and the status write, as this stand-in once did, hid two bind-path bugs: an
 extender that binds the pod body it was sent, and a binder that retried a conflicting patch with
 the resourceVersion it already had.
+
+``QueueRunner`` runs it as kube-scheduler runs: an informer on the pods, kube-scheduler's
+queue (``agent.simulator.scheduler_queue``: a refused pod is tried again only on a cluster
+event, after a backoff, or after 5 minutes) and one scheduling thread. Retrying Pending pods
+on a timer, as the schedule-storm benchmark once did, hid that an extender refusing a pod on
+books a moment old left it Pending until some later event (on the real node, minutes).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import ssl
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,8 +52,19 @@ from typing import Any
 
 from kubernetes import client
 
+from agent.kube.watch import ResourceWatcher
 from agent.sharing.pods import EXTENDED, is_extended, is_finished, quantity, requests_of
 from agent.sharing.policy import PolicyError
+from agent.simulator.scheduler_queue import (
+    ASSIGNED_POD_DELETE,
+    EXTENDER,
+    FIT,
+    NODE_ALLOCATABLE_CHANGE,
+    UNSCHEDULED_POD_UPDATE,
+    SchedulingQueue,
+)
+
+log = logging.getLogger(__name__)
 
 
 def post(
@@ -182,6 +203,20 @@ class Outcome:
     attempts: int = 1
     failures: list[str] = field(default_factory=list)
 
+    def plugins(self) -> frozenset[str]:
+        """What refused the pod, as kube-scheduler records it for its queue: NodeResourcesFit
+        for the nodes its fit left out, ``Extender`` when the extender refused some node;
+        nothing for an error (the queue then retries it after a backoff)."""
+        found = set()
+        if self.error:
+            return frozenset()
+        if self.unfit:
+            found.add(FIT)
+        result = self.filter_result or {}
+        if result.get("FailedNodes") or result.get("FailedAndUnresolvableNodes"):
+            found.add(EXTENDER)
+        return frozenset(found)
+
     def message(self, nodes: int) -> str:
         """The FailedScheduling event kube-scheduler writes: "0/N nodes are available: ..."."""
         reasons: dict[str, int] = {}
@@ -215,6 +250,7 @@ class MiniScheduler:
         # managedResources[].ignoredByScheduler: the fit leaves these to the extender.
         self.ignored = frozenset(ignored_by_scheduler)
         self.context = tls.context() if tls is not None else None
+        self._local = threading.local()  # each thread's connection to the extender
         # Scheduling cycles per schedule(), and the pause before a retry (kube-scheduler backs
         # off 1 s doubling to 10 s; tests need no such wait).
         self.attempts = max(1, attempts)
@@ -246,7 +282,39 @@ class MiniScheduler:
         return self.cache.get((pod.get("metadata") or {}).get("uid", ""), pod)
 
     def _post(self, verb: str, body: Any) -> tuple[int, Any]:
-        return post(f"{self.url}/{verb}", body, context=self.context)
+        """Over a connection kept open per thread, as kube-scheduler's HTTP transport keeps
+        its connections to an extender (a new one per call costs a connect, and a TLS
+        handshake over HTTPS, each time)."""
+        connection = getattr(self._local, "connection", None)
+        parts = urllib.parse.urlsplit(self.url or "")
+        for attempt in (1, 2):
+            if connection is None:
+                if parts.scheme == "https":
+                    connection = http.client.HTTPSConnection(
+                        parts.netloc, timeout=10, context=self.context
+                    )
+                else:
+                    connection = http.client.HTTPConnection(parts.netloc, timeout=10)
+                self._local.connection = connection
+            try:
+                connection.request(
+                    "POST",
+                    f"{parts.path.rstrip('/')}/{verb}",
+                    body=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                response = connection.getresponse()
+                data = response.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                connection = self._local.connection = None
+                if attempt == 2:
+                    raise
+                continue
+            if response.status != 200:
+                return response.status, data.decode(errors="replace")
+            return response.status, json.loads(data)
+        raise AssertionError("unreachable")
 
     # --- NodeResourcesFit ----------------------------------------------------------------------
 
@@ -435,7 +503,8 @@ class MiniScheduler:
         return outcome
 
     def admit(self, pod: dict[str, Any], node: str) -> tuple[bool, str]:
-        """The kubelet of ``node`` admits the bound pod (the agent's Allocate runs)."""
+        """The kubelet of ``node`` admits the bound pod (the agent's Allocate runs), or rejects
+        it as a kubelet does."""
         meta = pod["metadata"]
         containers = [
             {
@@ -449,4 +518,231 @@ class MiniScheduler:
         result = self.kubelets[node].admit_pod(
             meta["namespace"], meta["name"], containers, uid=meta["uid"]
         )
+        if result.admitted:
+            self._running(meta)
+        else:
+            self._rejected(meta, result.error)
         return result.admitted, result.error
+
+    def _running(self, meta: dict[str, Any]) -> None:
+        """The kubelet reports an admitted pod Running once its containers start."""
+        self._status(meta, {"phase": "Running"})
+
+    def _rejected(self, meta: dict[str, Any], error: str) -> None:
+        """What the kubelet does with a pod it cannot admit (kubelet.rejectPod): phase Failed,
+        reason UnexpectedAdmissionError (a device plugin's Allocate failed). Left Pending and
+        bound, the pod kept its devices assigned in the extender's books as if it held them."""
+        self._status(
+            meta, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": error}
+        )
+
+    def _status(self, meta: dict[str, Any], status: dict[str, Any]) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(
+                meta["name"], meta["namespace"], {"status": status}
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _watched(pod: dict[str, Any]) -> tuple:
+    """What of an unscheduled pod makes its update a cluster event: all but its status (and
+    resourceVersion), as kube-scheduler tells an update of the pod from its own status write."""
+    meta = dict(pod.get("metadata") or {})
+    for key in ("resourceVersion", "managedFields", "generation"):
+        meta.pop(key, None)
+    return json.dumps(meta, sort_keys=True), json.dumps(pod.get("spec") or {}, sort_keys=True)
+
+
+class QueueRunner:
+    """kube-scheduler's main loop around the stand-in: an informer on the pods (the
+    scheduler's cache, and its events: an assigned pod deleted, an unscheduled pod updated),
+    the node status each kubelet reports every ``node_status_seconds`` (a changed allocatable
+    is an event; a real kubelet's nodeStatusUpdateFrequency is 10 s), and one thread that pops
+    the ``SchedulingQueue`` and runs a scheduling cycle per pod, never waiting for a kubelet:
+    ``on_bound(pod, node)`` is told of each binding.
+
+    With ``manage_new`` every new pending pod of the stand-in's scheduler name in the namespace
+    is queued as it appears; otherwise only what ``queue.add`` or ``queue.add_unschedulable``
+    is given."""
+
+    def __init__(
+        self,
+        scheduler: MiniScheduler,
+        *,
+        on_bound: Any = None,
+        manage_new: bool = True,
+        node_status_seconds: float = 10.0,
+        queue: SchedulingQueue | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.queue = queue or SchedulingQueue()
+        self.on_bound = on_bound
+        self.manage_new = manage_new
+        self.node_status_seconds = node_status_seconds
+        self.lock = threading.Lock()
+        self._requests: dict[str, tuple[str, dict[str, int]]] = {}  # bound, unfinished pods
+        self._assumed: dict[str, tuple[str, dict[str, int]]] = {}  # bound here, not yet seen
+        self._pending: dict[str, tuple] = {}  # uid -> _watched() of unscheduled pods
+        self._stop = threading.Event()
+        self.bound: list[tuple[str, str, float]] = []  # (uid, node, when)
+        self.cycles = 0
+        self._watcher = ResourceWatcher(
+            owner=f"stand-in-{scheduler.namespace}",
+            kind="pods",
+            list_func=scheduler.core.list_pod_for_all_namespaces,
+            on_event=self._on_event,
+            on_relist=self._on_relist,
+            api_client=scheduler.core.api_client,
+            to_dict=True,
+            timeout_seconds=300,
+            persist=False,
+        )
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> QueueRunner:
+        for target, name in (
+            (self._watcher.run, "stand-in-informer"),
+            (self._node_status, "stand-in-node-status"),
+            (self._schedule, "stand-in-scheduler"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            if name == "stand-in-informer" and not self._watcher.synced.wait(30):
+                raise RuntimeError("the stand-in's pod informer did not sync")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watcher.stop()
+        with self.queue.cond:
+            self.queue.cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def __enter__(self) -> QueueRunner:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # --- the informer ------------------------------------------------------------------------
+    def _on_relist(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            before = set(self._requests)
+            self._requests.clear()
+            self._pending.clear()
+        for obj in items:
+            self._on_event("ADDED", obj)
+        with self.lock:
+            gone = before - set(self._requests)
+        if gone:  # deleted while the watch was down
+            self.queue.event(ASSIGNED_POD_DELETE)
+
+    def _on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid", "")
+        node = (obj.get("spec") or {}).get("nodeName") or ""
+        if kind == "DELETED":
+            with self.lock:
+                self._requests.pop(uid, None)
+                self._assumed.pop(uid, None)
+                self._pending.pop(uid, None)
+            self.queue.forget(uid)
+            if node:
+                self.queue.event(ASSIGNED_POD_DELETE)
+            return
+        self.scheduler.cache[uid] = obj
+        if node:
+            self._bound_seen(uid, node, obj)
+            return
+        if (obj.get("spec") or {}).get("schedulerName") != STAND_IN:
+            return
+        if meta.get("namespace") != self.scheduler.namespace:
+            return
+        watched = _watched(obj)
+        with self.lock:
+            before = self._pending.get(uid)
+            self._pending[uid] = watched
+        if before is None:
+            if self.manage_new:
+                self.queue.add(obj)
+        elif before != watched:
+            self.queue.event(UNSCHEDULED_POD_UPDATE, uid)
+
+    def _bound_seen(self, uid: str, node: str, obj: dict[str, Any]) -> None:
+        self.queue.forget(uid)
+        try:
+            asked = {} if is_finished(obj) else requests_of(obj, EXTENDED)
+        except PolicyError:
+            asked = {}
+        with self.lock:
+            self._pending.pop(uid, None)
+            self._assumed.pop(uid, None)
+            if asked:
+                self._requests[uid] = (node, asked)
+            else:
+                self._requests.pop(uid, None)
+
+    def used(self) -> dict[str, dict[str, int]]:
+        """node -> resource -> requested: kube-scheduler's cache with its assumed pods."""
+        used: dict[str, dict[str, int]] = {node: {} for node in self.scheduler.kubelets}
+        with self.lock:
+            entries = list(self._requests.values()) + list(self._assumed.values())
+        for node, asked in entries:
+            counts = used.setdefault(node, {})
+            for name, count in asked.items():
+                counts[name] = counts.get(name, 0) + count
+        return used
+
+    # --- node status -------------------------------------------------------------------------
+    def _allocatable(self) -> dict[str, dict[str, int]]:
+        found = {}
+        for node, kubelet in self.scheduler.kubelets.items():
+            if kubelet is None:
+                continue
+            found[node] = {name: kubelet.allocatable(name) for name in kubelet.resources()}
+        return found
+
+    def _node_status(self) -> None:
+        last = self._allocatable()
+        while not self._stop.wait(self.node_status_seconds):
+            now = self._allocatable()
+            if now != last:
+                last = now
+                self.queue.event(NODE_ALLOCATABLE_CHANGE)
+
+    # --- scheduling --------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        while not self._stop.is_set():
+            info = self.queue.pop()
+            if info is None:
+                self.queue.wait(0.1)
+                continue
+            try:
+                self._cycle(info)
+            except Exception:
+                log.exception("stand-in: scheduling %s failed", info.uid)
+                self.queue.failed(info, frozenset())
+
+    def _cycle(self, info: Any) -> None:
+        self.cycles += 1
+        pod = self.scheduler.cached(info.pod)
+        outcome = self.scheduler.bind_best(pod, self.used())
+        if not outcome.node:
+            self.queue.failed(info, outcome.plugins())
+            return
+        self.queue.forget(info.uid)
+        try:
+            asked = requests_of(pod, EXTENDED)
+        except PolicyError:
+            asked = {}
+        with self.lock:
+            if info.uid not in self._requests:
+                self._assumed[info.uid] = (outcome.node, asked)
+        self.bound.append((info.uid, outcome.node, time.monotonic()))
+        if self.on_bound is not None:
+            self.on_bound(pod, outcome.node)
