@@ -1,10 +1,11 @@
 """Helpers of the opt-in end-to-end suite on the real node (tests/test_real_node.py).
 
-``scripts/real-node`` runs a kubelet, kube-scheduler, kube-controller-manager and containerd of
-the same release as ``scripts/real-apiserver``'s API server on this machine. The project's own
-processes (agent, controller, extender) run here as host processes, with the command and
-environment their manifests in ``deploy/base`` give them: the pod network cannot reach the API
-server (it listens on 127.0.0.1 only). Everything a helper starts it stops, by its own pid.
+``scripts/real-node`` runs a kubelet, kube-scheduler, kube-controller-manager, kube-proxy,
+CoreDNS and containerd of the same release as ``scripts/real-apiserver``'s API server on this
+machine. The fast path runs the project's own processes (agent, controller, extender) as host
+processes, with the command and environment their manifests in ``deploy/base`` give them; the
+deployed path (``DEPLOY_OVERLAY``) applies ``deploy/`` and runs them as pods from the image
+``deploy/build-image`` makes. Everything a helper starts it stops, by its own pid.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ BUSYBOX = "localhost/busybox:1"
 HOSTS_FILE = Path("/etc/hosts")
 EXTENDER_HOST = "akri-site-extender.akri-site.svc"
 HOSTS_MARK = "# akri-site tests/test_real_node.py"
+# The suite's overlay of deploy/overlays/external (what differs is said in it).
+DEPLOY_OVERLAY = ROOT / "tests" / "real-node-deploy"
 
 
 def log(message: str) -> None:
@@ -79,6 +82,10 @@ class NodeControl:
         self.apiserver_started_here = api.returncode != 0
         status = run([str(REAL_NODE), "status"], check=False, timeout=60)
         if status.returncode == 0 and "AKRI_REAL_NODE=" in status.stdout:
+            # start again all the same (a second): it starts what is missing and restarts the
+            # API server if someone restarted it without the node's flags (RBAC, the
+            # ServiceAccount admission plugin the deployed agent's token needs).
+            status = run([str(REAL_NODE), "start"], timeout=600)
             log("reusing the running node")
         else:
             t0 = time.monotonic()
@@ -115,6 +122,16 @@ class NodeControl:
             env["AKRI_REAL_NODE_SCHEDULER_CONFIG"] = config
         run([str(REAL_NODE), "start"], timeout=600, env=env)
         # A kube-scheduler copying the admin kubeconfig leaves a note; "start" cleans it in stop.
+
+    def akri_image(self) -> tuple[str, float]:
+        """``scripts/real-node akri-image``: the project's image built by deploy/build-image
+        (when the code is newer than the last build) and imported into the node's containerd;
+        (its name there, seconds)."""
+        t0 = time.monotonic()
+        done = run([str(REAL_NODE), "akri-image"], timeout=1500)
+        for line in done.stderr.splitlines():
+            log(line)
+        return parse_env_lines(done.stdout)["AKRI_REAL_NODE_IMAGE"], time.monotonic() - t0
 
     def stop(self) -> None:
         if self.started_here:
@@ -292,3 +309,111 @@ def kubelet_registrations(resources: list[str], since: float) -> list[float]:
             if stamp.timestamp() >= since:
                 found[wanted[key]] = stamp.timestamp()
     return list(found.values())
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class ExternalServices:
+    """What deploy/overlays/external expects a user to have: PostgreSQL and Redis, here private
+    instances of Debian's (postgresql-15, redis-server) on the node's address, where the pods
+    reach them, with passwords; their data under ``workdir``, stopped by their pids."""
+
+    def __init__(self, workdir: Path, address: str) -> None:
+
+        self.address = address
+        self.procs: list[subprocess.Popen] = []
+        self.pg_port, self.redis_port = 15432, 16379
+        self.password = secrets.token_hex(16)
+        self.pg_log = self.redis_log = None
+        try:
+            self._start(workdir, address)
+        except BaseException:
+            self.stop()  # what started, by its pid: nothing left holding the ports
+            raise
+
+    def _start(self, workdir: Path, address: str) -> None:
+        import pwd
+        import shutil
+
+        # Not under pytest's temporary directory: PostgreSQL's user could not enter it.
+        shutil.rmtree(workdir, ignore_errors=True)
+        pgdata = workdir / "pgdata"
+        pgdata.mkdir(parents=True)
+        # initdb refuses root: PostgreSQL's files belong to its own user, as Debian's do.
+        pg = pwd.getpwnam("postgres")
+        shutil.chown(workdir, pg.pw_uid, pg.pw_gid)
+        shutil.chown(pgdata, pg.pw_uid, pg.pw_gid)
+        pwfile = workdir / "pgpass"
+        pwfile.write_text(self.password + "\n")
+        shutil.chown(pwfile, pg.pw_uid, pg.pw_gid)
+        as_pg = ["runuser", "-u", "postgres", "--"]
+        run(
+            [*as_pg, str(PG_BIN / "initdb"), "-D", str(pgdata), "-U", "akri",
+             f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8"],
+            timeout=120,
+        )  # fmt: skip
+        with (pgdata / "pg_hba.conf").open("a") as f:
+            f.write(f"host all all {address}/32 scram-sha-256\n")
+            f.write("host all all 10.86.0.0/16 scram-sha-256\n")
+        self.pg_log = open(workdir / "postgres.log", "w")  # noqa: SIM115 - closed in stop()
+        self.procs.append(
+            subprocess.Popen(
+                [*as_pg, str(PG_BIN / "postgres"), "-D", str(pgdata), "-p", str(self.pg_port),
+                 "-c", f"listen_addresses={address}", "-c", f"unix_socket_directories={pgdata}",
+                 "-c", "max_connections=100"],
+                stdout=self.pg_log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        )  # fmt: skip
+        self.redis_log = open(workdir / "redis.log", "w")  # noqa: SIM115 - closed in stop()
+        self.procs.append(
+            subprocess.Popen(
+                ["redis-server", "--port", str(self.redis_port), "--bind", address,
+                 "--requirepass", self.password, "--save", "", "--appendonly", "no",
+                 "--dir", str(workdir)],
+                stdout=self.redis_log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        )  # fmt: skip
+        import socket
+
+        def listening(port: int) -> bool:
+            with socket.socket() as s:
+                return s.connect_ex((address, port)) == 0
+
+        wait_for("PostgreSQL and Redis", lambda: listening(self.pg_port) and listening(
+            self.redis_port), 60, 0.2)  # fmt: skip
+        # The database the Secret names, owned by akri (the superuser initdb made); retried
+        # while the server still says it is starting up.
+        create = [*as_pg, str(PG_BIN / "psql"), "-h", str(pgdata), "-p", str(self.pg_port),
+                  "-U", "akri", "-d", "postgres", "-c", "CREATE DATABASE akri"]  # fmt: skip
+        pg_env = dict(os.environ, PGPASSWORD=self.password)
+        wait_for(
+            "CREATE DATABASE akri",
+            lambda: run(create, timeout=60, env=pg_env, check=False).returncode == 0,
+            60,
+            0.5,
+        )
+        log(f"PostgreSQL on {address}:{self.pg_port}, Redis on {address}:{self.redis_port}")
+
+    @property
+    def database_url(self) -> str:
+        return f"postgres://akri:{self.password}@{self.address}:{self.pg_port}/akri"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://:{self.password}@{self.address}:{self.redis_port}/0"
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                # PostgreSQL's fast shutdown is SIGINT; Redis stops on SIGTERM.
+                os.killpg(proc.pid, signal.SIGINT if proc is self.procs[0] else signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+        for f in (self.pg_log, self.redis_log):
+            if f is not None:
+                f.close()
+        log("PostgreSQL and Redis stopped")

@@ -2,19 +2,29 @@
 
     AKRI_TEST_REAL_NODE=1 python -m pytest -q -s tests/test_real_node.py     # as root
 
-``scripts/real-node`` (kubelet, kube-scheduler, kube-controller-manager and containerd of the
-release ``scripts/real-apiserver`` builds) is reused when it runs, else started here and stopped
-at the end (and so is the API server). Without AKRI_TEST_REAL_NODE every test is skipped at
-once, with the reason printed. The agent runs as ``deploy/base/agent.yaml`` runs it (``manage.py migrate`` then
-``manage.py runagent``, the same environment, its own SQLite file), as a host process with the
-admin kubeconfig: pods cannot reach the API server (it listens on 127.0.0.1 only). Two
-differences, both for this shared machine: METRICS_PORT is a free port rather than 8080 (the
-agent's pod has a network namespace of its own), and debugEcho's availability file is the
-suite's own rather than the shared /tmp's (another test writing OFFLINE there would take the
-devices away). For the extender tests, the node's kube-scheduler is restarted with
-``deploy/scheduler/kube-scheduler-config.yaml`` unchanged, ``manage.py runextender`` runs with
-TLS as ``deploy/base/extender.yaml`` runs it, and ``manage.py runcontroller`` fills the
-SQLite cache the extender reads. Figures (seconds) are printed as ``[real-node] figure ...``
+``scripts/real-node`` (kubelet, kube-scheduler, kube-controller-manager, kube-proxy, CoreDNS and
+containerd of the release ``scripts/real-apiserver`` builds) is reused when it runs, else started
+here and stopped at the end (and so is the API server). Without AKRI_TEST_REAL_NODE every test
+is skipped at once, with the reason printed.
+
+Two paths. The fast one runs the agent as ``deploy/base/agent.yaml`` runs it (``manage.py
+migrate`` then ``manage.py runagent``, the same environment, its own SQLite file) as a host
+process with the admin kubeconfig, so that a test can restart the kubelet or kube-scheduler
+under it. Two differences, both for this shared machine: METRICS_PORT is a free port rather
+than 8080 (the agent's pod has a network namespace of its own), and debugEcho's availability
+file is the suite's own rather than the shared /tmp's. For the extender tests, the node's
+kube-scheduler is restarted with ``deploy/scheduler/kube-scheduler-config.yaml`` unchanged,
+``manage.py runextender`` runs with TLS as ``deploy/base/extender.yaml`` runs it, and
+``manage.py runcontroller`` fills the SQLite cache the extender reads.
+
+The deployed one (the ``test_deployed_*`` tests, last: the host agent stops first) applies
+``deploy/`` as README's "Running it for real" tells a user: the image built by
+``deploy/build-image`` and imported into the node's containerd (``scripts/real-node
+akri-image``), PostgreSQL and Redis of the user's own (Debian's, started here on the node's
+address), the Secrets, ``kubectl apply -k`` of ``tests/real-node-deploy`` (the external overlay;
+what differs is said there) and ``deploy/set-webhook-ca``. Every process then runs as a pod
+with its ServiceAccount token, RBAC and admission policies, reaching the API server through
+the kubernetes Service (kube-proxy). Figures (seconds) are printed as ``[real-node] figure ...``
 lines and again at the end.
 """
 
@@ -269,6 +279,19 @@ def real(tmp_path_factory):
         assert agent.alive(), f"the agent exited:\n{agent.tail()}"
         figure("agent started (process to 'running')", time.monotonic() - t0)
         cluster.agent = agent
+
+        def stop_host_agent() -> None:
+            # The deployed agent takes over the node: the host one's Configurations go first
+            # (while it runs to see its Instances deleted), then it stops.
+            for c in cluster.custom.list_namespaced_custom_object(
+                rn.GROUP, rn.VERSION, rn.AKRI_NAMESPACE, "configurations"
+            )["items"]:
+                cluster.delete_configuration(c["metadata"]["name"])
+            agent.stop()
+            cluster.host_agent_stopped = True
+
+        cluster.stop_host_agent = stop_host_agent
+        cluster.host_agent_stopped = False
         cluster.node_control = node_control
         cluster.workdir = workdir
         yield cluster
@@ -282,7 +305,7 @@ def real(tmp_path_factory):
                 except Exception as exc:  # noqa: BLE001 - cleanup goes on
                     rn.log(f"cleanup: {exc}")
         if agent is not None:
-            if not agent.alive():
+            if not agent.alive() and not getattr(cluster, "host_agent_stopped", False):
                 rn.log(f"the agent had exited:\n{agent.tail()}")
             agent.stop()
         if created_ns and cluster is not None:
@@ -519,6 +542,35 @@ def extender(real, tmp_path_factory):
     hosts = rn.hosts_line("127.0.0.1", rn.EXTENDER_HOST)
     hosts.__enter__()
     scheduler_restarted = False
+    done = False
+
+    def teardown() -> None:
+        # Once: at the module's end, or earlier when the deployed extender takes over the
+        # Service's name and the scheduler's certificate directory (real.stop_host_extender).
+        nonlocal done
+        if done:
+            return
+        done = True
+        if scheduler_restarted:
+            real.node_control.restart_scheduler(None)
+            note = rn.ROOT / "var" / "real-node" / "run" / "scheduler-kubeconfig-copy"
+            if note.exists():
+                Path(note.read_text().strip()).unlink(missing_ok=True)
+                note.unlink()
+        for p in reversed(procs):
+            if not p.alive():
+                rn.log(f"{p.name} had exited:\n{p.tail()}")
+            p.stop()
+        hosts.__exit__(None, None, None)
+        shutil.rmtree(EXTENDER_TLS_DIR, ignore_errors=True)
+        if not etc_existed:
+            with_contents = list(EXTENDER_TLS_DIR.parent.iterdir())
+            if not with_contents:
+                EXTENDER_TLS_DIR.parent.rmdir()
+            else:
+                rn.log(f"left {EXTENDER_TLS_DIR.parent}: {with_contents}")
+
+    real.stop_host_extender = teardown
     try:
         rn.run([rn.PYTHON, "manage.py", "migrate", "--noinput", "-v0"], env=env, timeout=300)
         procs.append(rn.HostProcess("controller", ["runcontroller"], env, workdir))
@@ -560,24 +612,7 @@ def extender(real, tmp_path_factory):
         real.extender_procs = procs
         yield procs
     finally:
-        if scheduler_restarted:
-            real.node_control.restart_scheduler(None)
-            note = rn.ROOT / "var" / "real-node" / "run" / "scheduler-kubeconfig-copy"
-            if note.exists():
-                Path(note.read_text().strip()).unlink(missing_ok=True)
-                note.unlink()
-        for p in reversed(procs):
-            if not p.alive():
-                rn.log(f"{p.name} had exited:\n{p.tail()}")
-            p.stop()
-        hosts.__exit__(None, None, None)
-        shutil.rmtree(EXTENDER_TLS_DIR, ignore_errors=True)
-        if not etc_existed:
-            with_contents = list(EXTENDER_TLS_DIR.parent.iterdir())
-            if not with_contents:
-                EXTENDER_TLS_DIR.parent.rmdir()
-            else:
-                rn.log(f"left {EXTENDER_TLS_DIR.parent}: {with_contents}")
+        teardown()
 
 
 def cache_rows(real: Cluster, configuration: str) -> dict:
@@ -815,31 +850,24 @@ def test_gpushare_with_capacities_as_the_api_server_stores_them(real, extender, 
         rn.log(f"gpu-big: {message}")
         assert "1500" in message and "1k" not in message, message
         assert real.phase(ns, "gpu-c") == "Pending" and real.phase(ns, "gpu-big") == "Pending"
-        # A card comes free: the waiting pod gets it.
+        # A card comes free: the waiting pod gets it. The extender watches pods and asks
+        # kube-scheduler again (akri.sh/retry) once its books show the card free.
         t0 = time.monotonic()
         real.core.delete_namespaced_pod("gpu-a", ns)
         try:
-            real.wait_running(ns, "gpu-c", timeout=60)
-            freed = True
-        except AssertionError:
-            freed = False
-        figure(
-            "gpushare: waiting pod Running after a card came free"
-            + ("" if freed else " (not reached, gave up)"),
-            time.monotonic() - t0,
+            real.wait_running(ns, "gpu-c", timeout=30)
+        finally:
+            for e in real.events(ns, "gpu-c"):
+                rn.log(
+                    f"gpu-c event {e.reason} x{e.count or 1} first {e.first_timestamp} "
+                    f"last {e.last_timestamp} {e.event_time}: {(e.message or '')[:100]}"
+                )
+        figure("gpushare: waiting pod Running after a card came free", time.monotonic() - t0)
+        card = (real.core.read_namespaced_pod("gpu-c", ns).metadata.annotations or {}).get(
+            "volcano.sh/gpu-index"
         )
-        for e in real.events(ns, "gpu-c"):
-            rn.log(
-                f"gpu-c event {e.reason} x{e.count or 1} first {e.first_timestamp} "
-                f"last {e.last_timestamp} {e.event_time}: {(e.message or '')[:100]}"
-            )
+        assert card == cards["gpu-a"], (card, cards)
         assert not real.admission_errors(ns)
-        if not freed:
-            # Product bug (reported): kube-scheduler retries gpu-c on gpu-a's deletion at once,
-            # while the extender's pod feed (a relist every 5 s) still counts gpu-a on its
-            # card; refused again, gpu-c waits for some later cluster event, or for
-            # kube-scheduler's 5 min podMaxInUnschedulablePodsDuration.
-            pytest.xfail("gpushare: a freed card did not reach the waiting pod within 60 s")
     finally:
         real.delete_namespace(ns)
         node = real.core.read_node(real.node)
@@ -855,3 +883,548 @@ def test_gpushare_with_capacities_as_the_api_server_stores_them(real, extender, 
         if remove:
             real.core.patch_node_status(real.node, remove)
         real.node_control.restart_scheduler(str(EXTENDER_CONFIG))
+
+
+# The deployed topology: deploy/ applied as README's "Running it for real" tells a user, the
+# agent as its DaemonSet runs it (the image from deploy/build-image, its ServiceAccount token
+# and RBAC, reaching the API server through the kubernetes Service and kube-proxy). These run
+# last: the host agent above stops first (one agent per node).
+
+AGENT_LABEL = "app.kubernetes.io/name=akri-site-agent"
+# Cluster-scoped objects of deploy/ (the CRDs stay: the suite applied them first).
+DEPLOYED_CLUSTER_KINDS = (
+    "clusterrole,clusterrolebinding,validatingwebhookconfiguration,"
+    "validatingadmissionpolicy,validatingadmissionpolicybinding"
+)
+
+
+def make_secrets(real: Cluster, workdir: Path, services: rn.ExternalServices) -> Path:
+    """Step 2 of README's "Running it for real": the Secret akri-site, the webhook's TLS Secret
+    (openssl, as the README writes it) and the extender's (deploy/extender-certs). Returns
+    the webhook certificate (for deploy/set-webhook-ca)."""
+    k = real.kctl
+    k(
+        "-n",
+        rn.AKRI_NAMESPACE,
+        "delete",
+        "secret",
+        "akri-site",
+        "akri-site-webhook-tls",
+        "akri-site-extender-tls",
+        "--ignore-not-found",
+    )
+    k(
+        "-n",
+        rn.AKRI_NAMESPACE,
+        "create",
+        "secret",
+        "generic",
+        "akri-site",
+        f"--from-literal=SECRET_KEY={secrets.token_urlsafe(50)}",
+        f"--from-literal=DATABASE_URL={services.database_url}",
+        f"--from-literal=REDIS_URL={services.redis_url}",
+        f"--from-literal=METRICS_TOKEN={secrets.token_urlsafe(32)}",
+    )
+    crt, key = workdir / "tls.crt", workdir / "tls.key"
+    rn.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "825",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+            "-subj",
+            "/CN=akri-site-webhook.akri-site.svc",
+            "-addext",
+            "subjectAltName=DNS:akri-site-webhook.akri-site.svc",
+        ]
+    )
+    k(
+        "-n",
+        rn.AKRI_NAMESPACE,
+        "create",
+        "secret",
+        "tls",
+        "akri-site-webhook-tls",
+        f"--cert={crt}",
+        f"--key={key}",
+    )
+    certs = workdir / "extender-certs"
+    rn.run(["deploy/extender-certs", str(certs)])
+    real.extender_certs = certs  # the scheduler's half, for the control plane
+    k(
+        "-n",
+        rn.AKRI_NAMESPACE,
+        "create",
+        "secret",
+        "generic",
+        "akri-site-extender-tls",
+        *(f"--from-file={certs / n}" for n in ("tls.crt", "tls.key", "ca.crt")),
+    )
+    return crt
+
+
+@pytest.fixture(scope="module")
+def deployed(real, tmp_path_factory):
+    """deploy/ on the real node: PostgreSQL and Redis on the node's address (the external
+    overlay's "yours"), the Secrets as README's step 2 makes them, tests/real-node-deploy
+    (deploy/overlays/external, differences said there) applied with kubectl -k,
+    deploy/set-webhook-ca run; the agent DaemonSet's pod running and every Deployment
+    available."""
+    workdir = tmp_path_factory.mktemp("deployed")
+    real.stop_host_agent()
+    applied = False
+    services = None
+    try:
+        addresses = real.core.read_node(real.node).status.addresses
+        address = next(a.address for a in addresses if a.type == "InternalIP")
+        services = rn.ExternalServices(rn.ROOT / "var" / "real-node" / "run" / "external", address)
+        image, took = real.node_control.akri_image()
+        figure("image: deploy/build-image (if the code changed) and ctr import", took)
+        rn.log(f"image in the node's containerd: {image}")
+        t0 = time.monotonic()
+        crt = make_secrets(real, workdir, services)
+        applied = True
+        real.kctl("apply", "-k", str(rn.DEPLOY_OVERLAY))
+        env = dict(
+            os.environ, KUBECONFIG=real.kubeconfig, PATH=f"{rn.kube_bin()}:{os.environ['PATH']}"
+        )
+        rn.run(["deploy/set-webhook-ca", str(crt)], env=env)
+
+        def agent_running():
+            pods = real.core.list_namespaced_pod(rn.AKRI_NAMESPACE, label_selector=AGENT_LABEL)
+            for p in pods.items:
+                if p.status.phase == "Running" and p.metadata.deletion_timestamp is None:
+                    return p.metadata.name
+            return None
+
+        try:
+            pod, _ = rn.wait_for("the agent DaemonSet's pod Running", agent_running, 180, 0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{deployed_diagnosis(real)}") from None
+        figure("deployed agent: apply to pod Running", time.monotonic() - t0)
+        rn.wait_for(
+            "the deployed agent to start",
+            lambda: "running; SIGTERM stops it" in real.logs(rn.AKRI_NAMESPACE, pod),
+            90,
+            0.2,
+        )
+        figure("deployed agent: apply to 'running' in its log", time.monotonic() - t0)
+        real.agent_pod = pod
+        for name in ("web", "controller", "worker", "beat", "extender"):
+            try:
+                real.kctl("-n", rn.AKRI_NAMESPACE, "rollout", "status", f"deployment/akri-site-{name}",
+                          "--timeout=240s", timeout=260)  # fmt: skip
+            except RuntimeError as exc:
+                raise AssertionError(f"{exc}\n{deployed_diagnosis(real)}") from None
+        figure("deployed: apply to every Deployment available", time.monotonic() - t0)
+        yield real
+    finally:
+        if applied:
+            for c in real.custom.list_namespaced_custom_object(
+                rn.GROUP, rn.VERSION, rn.AKRI_NAMESPACE, "configurations"
+            )["items"]:
+                try:
+                    real.delete_configuration(c["metadata"]["name"])
+                except Exception as exc:  # noqa: BLE001 - cleanup goes on
+                    rn.log(f"cleanup: {exc}")
+            with_log = getattr(real, "agent_pod", None)
+            if with_log:
+                (workdir / "agent.log").write_text(real.logs(rn.AKRI_NAMESPACE, with_log))
+                rn.log(f"deployed agent's log in {workdir / 'agent.log'}")
+            real.kctl(
+                "-n",
+                rn.AKRI_NAMESPACE,
+                "delete",
+                "daemonset,deployment,service,"
+                "configmap,secret,serviceaccount,role,rolebinding,networkpolicy,"
+                "poddisruptionbudget",
+                "-l",
+                "app.kubernetes.io/part-of=akri-site",
+                "--wait=false",
+                timeout=180,
+            )
+            real.kctl(
+                "delete",
+                DEPLOYED_CLUSTER_KINDS,
+                "-l",
+                "app.kubernetes.io/part-of=akri-site",
+                "--wait=false",
+                timeout=180,
+            )
+            real.kctl(
+                "delete", "namespace", "akri-site-discovery", "--ignore-not-found", "--wait=false"
+            )
+        if services is not None:
+            services.stop()
+
+
+def deployed_diagnosis(real: Cluster) -> str:
+    lines = []
+    for p in real.pods(rn.AKRI_NAMESPACE):
+        states = [
+            (c.name, c.state.waiting.reason if c.state.waiting else "")
+            for c in (p.status.container_statuses or []) + (p.status.init_container_statuses or [])
+        ]
+        lines.append(f"{p.metadata.name} {p.status.phase} {states}")
+    for e in real.events(rn.AKRI_NAMESPACE)[-15:]:
+        lines.append(f"event {e.involved_object.name}: {e.reason}: {(e.message or '')[:200]}")
+    for p in real.pods(rn.AKRI_NAMESPACE):
+        if p.metadata.name.startswith(("akri-site-controller", "akri-site-worker")):
+            try:
+                tail = real.core.read_namespaced_pod_log(
+                    p.metadata.name, rn.AKRI_NAMESPACE, tail_lines=25
+                )
+            except Exception as exc:  # noqa: BLE001 - a diagnosis goes on
+                tail = str(exc)
+            lines.append(f"--- {p.metadata.name} log:\n{tail}")
+    return "\n".join(lines)
+
+
+def test_deployed_agent_pod_serves_il_and_cl_pods(deployed, ns):
+    """Issue 26 section 4, case 1: the agent as deploy/'s DaemonSet runs it (its own SQLite on
+    an emptyDir, its ServiceAccount token, RBAC and admission policy; the API server reached
+    through the kubernetes Service) serves a debugEcho Configuration: an IL and a CL pod
+    Running with their device env, the holds annotation written on each (the agent policy
+    admits the write: the token names the pod's node), slots free once the pods are gone."""
+    real = deployed
+    config = "akri-e2e-deployed"
+    descriptions = ["dep0", "dep1"]
+    instances = make_configuration(real, config, descriptions, capacity=2)
+    try:
+        for inst in real.instances(config):
+            # Written by the agent's ServiceAccount, not the suite's admin.
+            managers = {m["manager"] for m in inst["metadata"].get("managedFields") or []}
+            rn.log(f"{inst['metadata']['name']} written by {sorted(managers)}")
+        real.core.create_namespaced_pod(ns, rn.device_pod("il", f"akri.sh/{instances[0]}"))
+        figure("deployed: IL pod Running", real.wait_running(ns, "il"))
+        real.core.create_namespaced_pod(ns, rn.device_pod("cl", f"akri.sh/{config}"))
+        figure("deployed: CL pod Running", real.wait_running(ns, "cl"))
+        for pod in ("il", "cl"):
+            logs, _ = rn.wait_for(
+                f"{pod}'s env in its log",
+                lambda pod=pod: (lambda t: t if "DEBUG_ECHO" in t else None)(real.logs(ns, pod)),
+                30,
+                0.2,
+            )
+            rn.log(f"deployed {pod} env: {assert_device_env(logs, descriptions)}")
+            holds, _ = rn.wait_for(
+                f"{pod}'s akri-site.io/holds annotation",
+                lambda pod=pod: (
+                    real.core.read_namespaced_pod(pod, ns).metadata.annotations or {}
+                ).get("akri-site.io/holds"),
+                30,
+                0.2,
+            )
+            rn.log(f"deployed {pod} akri-site.io/holds: {holds}")
+        usage = held(real.usage(config))
+        il_slots = [k for k, v in usage.items() if v == real.node]
+        cl_slots = [k for k, v in usage.items() if v.startswith("C:")]
+        assert len(il_slots) == 1 and il_slots[0].startswith(instances[0]), usage
+        assert len(cl_slots) == 1 and len(usage) == 2, usage
+        gone, freed = delete_pod_measured(real, ns, "il", config, il_slots[0])
+        figure("deployed: IL slot release after the pod was gone", freed)
+        gone, freed = delete_pod_measured(real, ns, "cl", config, cl_slots[0])
+        figure("deployed: CL slot release after the pod was gone", freed)
+        assert not held(real.usage(config))
+        assert not real.admission_errors(ns)
+        restarts = [
+            c.restart_count
+            for c in real.core.read_namespaced_pod(
+                real.agent_pod, rn.AKRI_NAMESPACE
+            ).status.container_statuses
+        ]
+        assert restarts == [0], f"the agent's container restarted: {restarts}"
+    finally:
+        real.delete_namespace(ns)
+        real.delete_configuration(config)
+
+
+def test_deployed_broker_pod_per_instance_and_gone_with_it(deployed):
+    """Issue 26 section 4, case 2: a Configuration with brokerSpec.brokerPodSpec (the node's
+    busybox image): the deployed controller and worker create one broker pod per Instance,
+    the real kube-scheduler and kubelet run it with its device's env through the deployed
+    agent, and it goes once its Instance goes (the Configuration deleted)."""
+    real = deployed
+    config = "akri-e2e-broker"
+    body = rn.configuration(config, ["brk0", "brk1"], capacity=2)
+    body["spec"]["brokerSpec"] = {
+        "brokerPodSpec": {
+            "containers": [
+                {
+                    "name": "broker",
+                    "image": rn.BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "env | sort; exec sleep 3600"],
+                    # As Akri's charts write it: the controller puts the Instance's resource
+                    # here, and the agent's Allocate gives the broker its device's env.
+                    "resources": {
+                        "limits": {"{{PLACEHOLDER}}": "1"},
+                        "requests": {"{{PLACEHOLDER}}": "1"},
+                    },
+                }
+            ],
+            "terminationGracePeriodSeconds": 1,
+        }
+    }
+    t0 = time.monotonic()
+    real.create_configuration(body)
+    try:
+        instances, _ = rn.wait_for(
+            "2 Instances of the broker Configuration",
+            lambda: (lambda i: i if len(i) == 2 else None)(real.instances(config)),
+            60,
+            0.1,
+        )
+        names = [i["metadata"]["name"] for i in instances]
+
+        def brokers():
+            pods = real.core.list_namespaced_pod(
+                rn.AKRI_NAMESPACE, label_selector=f"akri.sh/configuration={config}"
+            ).items
+            return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+        def running():
+            pods = brokers()
+            ok = len(pods) == 2 and all(p.status.phase == "Running" for p in pods)
+            return pods if ok else None
+
+        try:
+            pods, _ = rn.wait_for("a Running broker pod per Instance", running, 120, 0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{deployed_diagnosis(real)}") from None
+        figure("deployed: broker pods Running (Configuration created to both Running)",
+               time.monotonic() - t0)  # fmt: skip
+        by_instance = {p.metadata.labels.get("akri.sh/instance"): p for p in pods}
+        assert sorted(by_instance) == sorted(names), sorted(by_instance)
+        for inst in instances:
+            pod = by_instance[inst["metadata"]["name"]]
+            rn.log(f"broker {pod.metadata.name} on {pod.spec.node_name}")
+            assert pod.spec.node_name == real.node
+            description = inst["spec"]["brokerProperties"]["DEBUG_ECHO_DESCRIPTION"]
+            logs, _ = rn.wait_for(
+                f"{pod.metadata.name}'s env",
+                lambda p=pod.metadata.name: (lambda t: t if "DEBUG_ECHO" in t else None)(
+                    real.logs(rn.AKRI_NAMESPACE, p)
+                ),
+                30,
+                0.2,
+            )
+            assert f"DEBUG_ECHO_DESCRIPTION={description}" in logs.splitlines(), logs
+        usage = held(real.usage(config))
+        rn.log(f"broker slots: {usage}")
+        assert len(usage) == 2 and set(usage.values()) == {real.node}, usage
+        # Brokers are reconciled to the Instances: one deleted by hand comes back.
+        victim = pods[0].metadata.name
+        real.core.delete_namespaced_pod(victim, rn.AKRI_NAMESPACE)
+        t1 = time.monotonic()
+        rn.wait_for("the deleted broker back and Running", running, 120, 0.2)
+        figure("deployed: a deleted broker pod Running again", time.monotonic() - t1)
+
+        t1 = time.monotonic()
+        real.delete_configuration(config)
+        rn.wait_for("the broker pods gone", lambda: not real.core.list_namespaced_pod(
+            rn.AKRI_NAMESPACE, label_selector=f"akri.sh/configuration={config}").items,
+            120, 0.2)  # fmt: skip
+        figure("deployed: Configuration deleted to every broker pod gone", time.monotonic() - t1)
+    finally:
+        real.delete_configuration(config)
+
+
+DRA_DRIVER = "gpu.e2e.akri-site.test"
+DRA_CLASS = "e2e-gpu.akri-site.test"
+QUEUE_LABEL = "akri-site.io/queue"
+
+
+def dra_pod(name: str, queue: str, claim: str) -> dict:
+    """A busybox pod of ``queue`` (KAI's pod label) using the ResourceClaim ``claim``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"kai.scheduler/queue": queue}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": "Never",
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": rn.BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+
+
+def test_deployed_dra_claim_shared_by_two_queues_owner_label_and_webhook(deployed, ns):
+    """Issue 26 section 4, case 3: a resource.k8s.io/v1 ResourceClaim allocated by the real
+    kube-scheduler (from a ResourceSlice the suite publishes as a DRA driver's controller
+    would; no kubelet plugin, so the pods stay ContainerCreating) and reserved for a team-a
+    pod: the deployed worker writes the owner label team-a; a team-b pod then shares it
+    (reservedFor both); the real API server calls deploy/'s queue-labels webhook, which
+    refuses a changed owner label."""
+    from kubernetes.client.rest import ApiException
+
+    real = deployed
+    custom = real.custom
+    group, version = "resource.k8s.io", "v1"
+    slice_name = f"{real.node}-e2e-gpu"
+    custom.create_cluster_custom_object(
+        group,
+        version,
+        "deviceclasses",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "DeviceClass",
+            "metadata": {"name": DRA_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]},
+        },
+    )
+    custom.create_cluster_custom_object(
+        group,
+        version,
+        "resourceslices",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name},
+            "spec": {
+                "driver": DRA_DRIVER,
+                "nodeName": real.node,
+                "pool": {"name": real.node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}],
+            },
+        },
+    )
+    claim = "shared-gpu"
+    try:
+        custom.create_namespaced_custom_object(
+            group,
+            version,
+            ns,
+            "resourceclaims",
+            {
+                "apiVersion": f"{group}/{version}",
+                "kind": "ResourceClaim",
+                "metadata": {"name": claim},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_CLASS}}]
+                    }
+                },
+            },
+        )
+
+        def read_claim():
+            return custom.get_namespaced_custom_object(group, version, ns, "resourceclaims", claim)
+
+        def reserved():
+            return {r["name"] for r in read_claim().get("status", {}).get("reservedFor") or []}
+
+        t0 = time.monotonic()
+        real.core.create_namespaced_pod(ns, dra_pod("team-a-pod", "team-a", claim))
+        rn.wait_for("the claim allocated and reserved for team-a-pod", lambda: reserved() == {
+            "team-a-pod"}, 60, 0.2)  # fmt: skip
+        figure("DRA: claim allocated and reserved by kube-scheduler", time.monotonic() - t0)
+        assert real.core.read_namespaced_pod("team-a-pod", ns).spec.node_name == real.node
+        try:
+            label, waited = rn.wait_for(
+                "the owner label on the claim",
+                lambda: (read_claim()["metadata"].get("labels") or {}).get(QUEUE_LABEL),
+                90,
+                0.2,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{deployed_diagnosis(real)}") from None
+        figure("DRA: owner label written after the reservation", time.monotonic() - t0)
+        assert label == "team-a", label
+        managers = {m["manager"] for m in read_claim()["metadata"].get("managedFields") or []}
+        rn.log(f"claim written by {sorted(managers)}")
+
+        real.core.create_namespaced_pod(ns, dra_pod("team-b-pod", "team-b", claim))
+        rn.wait_for("the claim shared by both pods", lambda: reserved() == {
+            "team-a-pod", "team-b-pod"}, 60, 0.2)  # fmt: skip
+        assert (read_claim()["metadata"]["labels"] or {})[QUEUE_LABEL] == "team-a"
+
+        # The API server sends the label change to the webhook (objectSelector: the label
+        # exists), which refuses it: the owner never changes.
+        patch = {"metadata": {"labels": {QUEUE_LABEL: "team-b"}}}
+        with pytest.raises(ApiException) as refused:
+            custom.patch_namespaced_custom_object(
+                group, version, ns, "resourceclaims", claim, patch
+            )
+        rn.log(f"label change refused: {refused.value.status} {refused.value.body[:300]}")
+        assert refused.value.status in (400, 403), refused.value.body
+        assert "queue-labels.akri-site.akri.sh" in refused.value.body, refused.value.body
+        assert (read_claim()["metadata"]["labels"] or {})[QUEUE_LABEL] == "team-a"
+    finally:
+        real.delete_namespace(ns)
+        for kind, name in (("resourceslices", slice_name), ("deviceclasses", DRA_CLASS)):
+            try:
+                custom.delete_cluster_custom_object(group, version, kind, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def test_deployed_scheduler_calls_the_extender_service(deployed, ns):
+    """kube-scheduler with deploy/scheduler/kube-scheduler-config.yaml unchanged calls the
+    deployed extender at its Service's name (resolved by the cluster DNS, as README's
+    ClusterFirstWithHostNet set-up has it; routed by kube-proxy to the extender pod; TLS both
+    ways with deploy/extender-certs' certificates, the scheduler's under
+    /etc/kubernetes/akri-site-extender): 3 unique devices on a node seeing 2 stay Pending with
+    the extender's reason in words; 2 run."""
+    real = deployed
+    stop_host_extender = getattr(real, "stop_host_extender", None)
+    if stop_host_extender is not None:
+        stop_host_extender()  # its /etc/hosts line and certificate directory go
+    assert not EXTENDER_TLS_DIR.exists(), f"{EXTENDER_TLS_DIR} exists already"
+    etc_existed = EXTENDER_TLS_DIR.parent.exists()
+    EXTENDER_TLS_DIR.mkdir(parents=True)
+    for name in ("ca.crt", "scheduler.crt", "scheduler.key"):
+        shutil.copy(real.extender_certs / name, EXTENDER_TLS_DIR / name)
+    config = MANAGED_CONFIGURATION
+    try:
+        real.node_control.restart_scheduler(str(EXTENDER_CONFIG))
+        make_configuration(real, config, ["foo0", "foo1"], capacity=5)
+        t0 = time.monotonic()
+        real.core.create_namespaced_pod(ns, rn.device_pod("three", f"akri.sh/{config}", 3))
+
+        def refused():
+            evs = [e for e in real.events(ns, "three") if e.reason == "FailedScheduling"]
+            return evs[-1].message if evs and "3 unique" in (evs[-1].message or "") else None
+
+        try:
+            message, _ = rn.wait_for("the extender's reason for the 3-device pod", refused, 90, 0.2)
+        except AssertionError as exc:
+            evs = [f"{e.reason}: {e.message}" for e in real.events(ns, "three")]
+            raise AssertionError(f"{exc}: {evs}\n{deployed_diagnosis(real)}") from None
+        figure("deployed extender: 3-of-2 pod refused with its reason", time.monotonic() - t0)
+        rn.log(f"deployed extender, 3-of-2 pod: {message}")
+        assert "Insufficient" not in message, message
+        real.core.create_namespaced_pod(ns, rn.device_pod("two", f"akri.sh/{config}", 2))
+        figure("deployed extender: 2-device pod Running", real.wait_running(ns, "two"))
+        usage = held(real.usage(config))
+        assert len(usage) == 2 and all(v.startswith("C:") for v in usage.values()), usage
+        assert real.phase(ns, "three") == "Pending"
+    finally:
+        real.delete_namespace(ns)
+        real.delete_configuration(config)
+        real.node_control.restart_scheduler(None)
+        note = rn.ROOT / "var" / "real-node" / "run" / "scheduler-kubeconfig-copy"
+        if note.exists():
+            Path(note.read_text().strip()).unlink(missing_ok=True)
+            note.unlink()
+        shutil.rmtree(EXTENDER_TLS_DIR, ignore_errors=True)
+        if not etc_existed and not any(EXTENDER_TLS_DIR.parent.iterdir()):
+            EXTENDER_TLS_DIR.parent.rmdir()
