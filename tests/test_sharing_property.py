@@ -126,3 +126,98 @@ def test_gpu_cards_never_overbook_and_come_back_idle(sequence):
     for subject in pods.values():
         found["gpushare"].release(subject)
     assert cards.idle_cards() == [0, 1, 2]
+
+
+# --- the extender's books as the cache catches up (issue 30 §2) --------------------------------
+CAMS = configs(("cam", 1, True))
+CAM_NAMES = [f"cam-00000{i}" for i in (1, 2, 3)]
+NODES = ("n1", "n2")
+ASSUME_S = 30.0
+
+books_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("bind"), st.integers(1, 2), st.sampled_from(NODES)),
+        # The agent of the pod's node claims one more of its slots; the cache shows it.
+        st.tuples(st.just("claim"), st.integers(0, 9), st.just("")),
+        # The pod ends: its agent frees what it claimed; the cache shows it.
+        st.tuples(st.just("free"), st.integers(0, 9), st.just("")),
+        st.tuples(st.just("tick"), st.sampled_from([1, 5, 29, 31]), st.just("")),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(books_ops)
+def test_the_extender_never_assigns_a_slot_an_unsettled_bind_holds(sequence):
+    """Binds of one or two unique cameras, the agents' claims reaching the cache one slot at a
+    time, pods ending, time passing: through the real ``SchedulerState`` fed cache updates as
+    the controller feeds it. The model (stated apart): a bind's slots stay taken until the
+    cache has shown every one of them claimed by its node at once, or its assumption times out;
+    a slot the cache shows held is taken. Every filter answers as the model does, and no
+    allocation hands out a taken slot."""
+    import json
+
+    from agent.extender.state import SchedulerState
+    from agent.sharing.registry import enabled
+
+    clock = [1000.0]
+    state = SchedulerState(
+        enabled(["akri-instance", "akri-configuration"]),
+        assume_seconds=ASSUME_S,
+        clock=lambda: clock[0],
+    )
+    held: dict[str, str] = {}  # slot key -> the value the cache shows
+    binds: list[dict] = []  # uid, node, keys, claimed, deadline, alive
+
+    def publish() -> None:
+        state.set_inventory(
+            [
+                instance(name, NODES, 1, {0: held[f"{name}-0"]} if f"{name}-0" in held else None,
+                         "cam")
+                for name in CAM_NAMES
+            ],
+            CAMS,
+        )  # fmt: skip
+        for b in binds:
+            if b["alive"] and all(held.get(k, "").endswith(f":{b['node']}") for k in b["keys"]):
+                b["alive"] = False  # the cache shows every claim: the assumption ends
+
+    def taken() -> set[str]:
+        reserved = {k for b in binds if b["alive"] and clock[0] < b["deadline"] for k in b["keys"]}
+        return reserved | set(held)
+
+    publish()
+    for op, n, node in sequence:
+        if op == "bind":
+            asking = pod({"akri.sh/cam": n})
+            free = [f"{name}-0" for name in CAM_NAMES if f"{name}-0" not in taken()]
+            decision = state.filter(asking, [node])
+            assert (decision.fits == [node]) == (len(free) >= n), (decision, free, binds)
+            if decision.fits:
+                annotations = state.allocate(asking, node)
+                keys = json.loads(annotations[ASSIGNMENT])["slots"]["akri.sh/cam"]
+                assert set(keys) <= set(free), f"assigned {keys}, free {free}"
+                binds.append(
+                    dict(uid=asking["metadata"]["uid"], node=node, keys=keys, claimed=[],
+                         deadline=clock[0] + ASSUME_S, alive=True)
+                )  # fmt: skip
+        elif op == "claim" and binds:
+            b = binds[n % len(binds)]
+            todo = [k for k in b["keys"] if k not in b["claimed"] and k not in held]
+            if todo and b.get("ended") is None:
+                b["claimed"].append(todo[0])
+                held[todo[0]] = f"C:cam-{len(held)}:{b['node']}"
+                publish()
+        elif op == "free" and binds:
+            b = binds[n % len(binds)]
+            b["ended"] = True
+            for k in b["claimed"]:
+                held.pop(k, None)
+            b["claimed"] = []
+            publish()
+        elif op == "tick":
+            clock[0] += n
+            for b in binds:
+                if clock[0] >= b["deadline"]:
+                    b["alive"] = False
