@@ -7,7 +7,8 @@ The agent runs as in tests/test_real_node.py (its ``real`` fixture); the operato
 kubeconfig and a database of their own for the audit. What is shown here with the real kubelet
 and kube-scheduler: a cordoned Instance's free slots leave the node's allocatable while its
 held slot stays held, so a pod asking for it stays Pending with the scheduler's reason and a
-Configuration-level pod lands on the other Instance; a kubelet restart (every plugin registering again) keeps it; a drain
+Configuration-level pod lands on the other Instance (after a drain, the freed slot goes to no
+pod either); a kubelet restart (every plugin registering again) keeps it; a drain
 is blocked by a PodDisruptionBudget and says so, then evicts the holder once the budget allows,
 and its slot comes free; uncordon lets the waiting pod in.
 """
@@ -94,9 +95,15 @@ def test_cordon_holds_new_pods_off_keeps_held_slots_and_drain_honours_budgets(
         assert len(cl_slots) == 1 and cl_slots[0].startswith(other), real.usage(config)
 
         # A kubelet restart: every plugin registers again and reports the cordon again.
+        t0 = time.monotonic()
         real.node_control.restart_kubelet()
-        rn.wait_for("the node Ready again", lambda: real.allocatable(resource) >= 0, 60, 0.2)
-        time.sleep(5)
+        # Until the plugins register again the node has no healthy device of the resource;
+        # then the held one is back and the free one is Unhealthy still.
+        rn.wait_for(
+            f"{resource} allocatable 1 again", lambda: real.allocatable(resource) == 1, 90, 0.2
+        )
+        figure("kubelet restart to the cordoned allocatable back", time.monotonic() - t0)
+        time.sleep(3)
         assert real.allocatable(resource) == 1
         assert pending_reason(real, ns, "waiting")
         assert real.phase(ns, "holder") == "Running"
@@ -141,13 +148,30 @@ def test_cordon_holds_new_pods_off_keeps_held_slots_and_drain_honours_budgets(
             0.05,
         )
         figure("drain to the holder's slot free", time.monotonic() - t0)
-        # Still cordoned: the waiting pod still waits.
-        time.sleep(3)
-        assert pending_reason(real, ns, "waiting")
+        # Still cordoned: the freed slot goes to nobody. kube-scheduler alone (no extender
+        # here) counts the node's allocatable, which still has the drained pod's device until
+        # the kubelet's next status update (10 s): it may bind the waiting pod in between, and
+        # the kubelet then refuses it at admission, since the device is Unhealthy. Either way
+        # no pod gets the slot; with the extender the reason is given before any bind.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            assert real.phase(ns, "waiting") != "Running"
+            assert not any(k.startswith(cordoned) for k in held(real.usage(config)))
+            time.sleep(0.5)
+        waiting = real.core.read_namespaced_pod("waiting", ns)
+        rn.log(f"after the drain, waiting: {waiting.status.phase} {waiting.status.reason or ''}")
+        if waiting.status.phase == "Failed":
+            assert waiting.status.reason == "UnexpectedAdmissionError", waiting.status
+            real.core.create_namespaced_pod(ns, rn.device_pod("waiting-2", resource))
+            waiter = "waiting-2"
+        else:
+            assert pending_reason(real, ns, "waiting")
+            waiter = "waiting"
+        assert real.allocatable(resource) == 0
 
         t0 = time.monotonic()
         manage(operator_env, "uncordon", cordoned, "--user", "e2e")
-        real.wait_running(ns, "waiting", timeout=120)
+        real.wait_running(ns, waiter, timeout=120)
         figure("uncordon to the waiting pod Running", time.monotonic() - t0)
     finally:
         real.delete_configuration(config)
