@@ -1,4 +1,5 @@
 import os
+import sys
 
 # Playwright's sync API runs an event loop in the test thread; Django must allow ORM calls there.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -56,6 +57,9 @@ def _no_thread_outlives_its_test(request):
         return
     before = set(threading.enumerate())
     yield
+    live = sys.modules.get("agent.queues.live")
+    if live is not None:
+        live.cancel_pending()  # a trailing totals update (a timer of up to 5 s): not the test's
 
     def outliving() -> list[threading.Thread]:
         return [

@@ -64,11 +64,26 @@ def holder(kube, name: str = LEASE) -> str | None:
         raise
 
 
+# Electors a test made: stopped after it (their callbacks' thread starts on leading).
+MADE: list[LeaderElector] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_electors(request):
+    if "kube" in request.fixturenames:
+        request.getfixturevalue("kube")  # stopped before the test's namespace goes
+    yield
+    while MADE:
+        MADE.pop().stop()
+
+
 def elector(kube, identity: str, clock: Clock, **kwargs) -> LeaderElector:
-    return LeaderElector(
+    made = LeaderElector(
         kube.new_client(), kube.namespace, LEASE, identity=identity, timing=TIMING, clock=clock,
         **kwargs,
     )  # fmt: skip
+    MADE.append(made)
+    return made
 
 
 def test_the_first_candidate_creates_the_lease_and_the_second_waits(kube):

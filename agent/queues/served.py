@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -103,6 +104,9 @@ class ProjectWebhook:
         base = {k: v for k, v in os.environ.items() if inherit or not k.startswith("AKRI_")}
         base.pop("DATABASE_URL", None)
         self.env = {**base, **database_env(), "LOG_LEVEL": "WARNING", **env}
+        # On PostgreSQL (or with Redis) the settings are production's, which refuse to start
+        # without a key of one's own; the webhook signs nothing a test reads.
+        self.env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
         self.args = [
             sys.executable, "manage.py", "runweb", "--webhook", "--workers", "1",
             "--host", "127.0.0.1", "--port", str(self.port),
