@@ -159,13 +159,19 @@ class WriteLog:
     writes: list[tuple[float, str]] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
 
     def start(self) -> WriteLog:
-        threading.Thread(target=self._run, daemon=True, name="failover-writes").start()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="failover-writes")
+        self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop and join: the watch in progress ends within its 2 s server-side timeout."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
 
     def _run(self) -> None:
         core = client.CoreV1Api(self.api_client)
@@ -184,7 +190,7 @@ class WriteLog:
             self.namespace,
             field_selector=f"metadata.name={WORK}",
             resource_version=rv,
-            timeout_seconds=5,
+            timeout_seconds=2,
         )
         for event in stream:
             obj = event["object"]
