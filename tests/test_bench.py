@@ -93,3 +93,13 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
         assert (figures["live_touched"], figures["unfolded_live_touched"]) == ("0", "0"), last
         assert float(figures["unfolded_writes_per_slot"]) >= 1, last  # one write a slot at least
         assert float(figures["writes_per_slot"]) <= 1, last  # folding never writes more
+
+
+@pytest.mark.parametrize(
+    "args", [["--nodes", "0"], ["--pods", "-5"], ["--live", "-1"], ["--nodes", "2", "--pods", "-1"]]
+)
+def test_storm_sizes_out_of_range_are_a_clear_error_and_run_nothing(args):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="must be at least"):
+        call_command("bench", "release-storm", *args)

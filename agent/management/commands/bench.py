@@ -34,5 +34,11 @@ class Command(BaseCommand):
         unknown = set(sizes) - set(inspect.signature(run).parameters)
         if unknown:
             raise CommandError(f"{name} takes no {', '.join('--' + k for k in sorted(unknown))}")
+        negative = sorted(k for k, v in sizes.items() if v < (0 if k == "live" else 1))
+        if negative:
+            raise CommandError(
+                f"{name}: {', '.join(f'--{k} {sizes[k]}' for k in negative)}: "
+                "nodes and pods must be at least 1, live at least 0"
+            )
         figures = run(quick=options["quick"], stdout=self.stdout, **sizes)
         self.stdout.write(bench.summary(name, figures))
