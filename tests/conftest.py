@@ -7,9 +7,12 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 pytest_plugins = ["tests.kubeenv"]
 
 
+import contextlib  # noqa: E402
 import time  # noqa: E402
+import weakref  # noqa: E402
 
 import pytest  # noqa: E402
+from django.db.backends.signals import connection_created  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -91,3 +94,57 @@ def _no_thread_outlives_its_test(request):
                 fh.write(message + "\n")
         else:
             print(f"\n[threads] {message}")
+
+
+# --- database connections ----------------------------------------------------------------------
+
+# Every connection the run opened, in any thread: ``connections.close_all()`` closes the
+# calling thread's only, and a thread a library keeps for the process (asgiref's
+# thread-sensitive executor, a server's pool) keeps its own open until the process ends.
+_OPENED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _remember_connection(sender, connection, **kwargs) -> None:
+    _OPENED.add(connection)
+
+
+connection_created.connect(_remember_connection, weak=False)
+
+
+def close_every_connection() -> None:
+    """Close the database connections of every thread. The threads are done with them: this
+    runs after the last test."""
+    import gc
+
+    from django.db import connections
+
+    connections.close_all()
+    gc.collect()  # a wrapper only the collector would free closes its connection now
+    close_connections(list(_OPENED))
+
+
+def close_connections(wrappers: list) -> None:
+    """Close each wrapper's connection from this thread (Django's ``close`` refuses another
+    thread's connection)."""
+    for wrapper in wrappers:
+        raw = wrapper.connection
+        if raw is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing left to close
+                raw.close()
+            wrapper.connection = None
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's, and before it drops the test databases, every connection closed (issue
+    30 §6): PostgreSQL refuses to drop a database a session is still open on, pytest-django
+    only warns, and the run left ``test_<name>`` behind for the next one to trip over."""
+    yield
+    close_every_connection()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A test database that could not be dropped is an error of the run, not a warning.
+    config.addinivalue_line(
+        "filterwarnings", "error:Error when trying to teardown test databases:pytest.PytestWarning"
+    )

@@ -11,6 +11,10 @@ Register with `pytest_plugins = ["tests.kubeenv"]` (in tests/conftest.py).
   does it (every namespaced object deleted, pods with grace 0, leftover finalizers cleared,
   then the namespace deleted and finalized), because a bare API server has no controller
   that would. Cluster-scoped objects a test creates (Nodes, ...) are the test's to clean up.
+  The kinds to delete come from the server's discovery, asked again whenever the set of CRDs
+  changed (a test may install some), and kept in a cache file of this session's own: the
+  client's default file (one per server URL in the temp dir, read by every later run) goes
+  stale when a run installs CRDs, and the next run then listed kinds that were gone (404).
 
 Fixtures: `kube` (function scope, a `KubeEnv`) and `apiserver` (session scope, the raw simulator
 for simulator-only tests; always a simulator, also when a real server is configured). A test
@@ -22,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import string
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,6 +115,8 @@ class _KubeSession:
         self.kubeconfig = kubeconfig
         self._configuration: client.Configuration | None = None
         self._namespaced: list[Any] | None = None
+        self._crds: tuple | None = None  # the CRDs (name, served versions) _namespaced knew
+        self._discovery_dir = tempfile.mkdtemp(prefix="akri-kubeenv-discovery-")
         if simulator is None:
             configuration = client.Configuration()
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -120,11 +128,17 @@ class _KubeSession:
             return self.simulator.api_client()
         return client.ApiClient(self._configuration)
 
-    def remove_namespace(self, api_client: client.ApiClient, namespace: str) -> None:
-        """What the namespace controller does, for a real server that runs none: delete every
-        object in the namespace, clear finalizers nobody will clear, then the namespace."""
-        dynamic = DynamicClient(api_client)
-        if self._namespaced is None:
+    def close(self) -> None:
+        shutil.rmtree(self._discovery_dir, ignore_errors=True)
+
+    def namespaced_kinds(self, api_client: client.ApiClient) -> list[Any]:
+        """The namespaced kinds the server serves, discovered again when its CRDs changed."""
+        crds = _crd_versions(api_client)
+        if self._namespaced is None or crds != self._crds:
+            cache_file = os.path.join(self._discovery_dir, "discovery.json")
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(cache_file)  # no file: the client asks the server
+            dynamic = DynamicClient(api_client, cache_file=cache_file)
             self._namespaced = [
                 r
                 for r in dynamic.resources.search(preferred=True)
@@ -133,7 +147,13 @@ class _KubeSession:
                 and "/" not in r.name
                 and {"list", "delete"} <= set(r.verbs or ())
             ]
-        for resource in self._namespaced:
+            self._crds = crds
+        return self._namespaced
+
+    def remove_namespace(self, api_client: client.ApiClient, namespace: str) -> None:
+        """What the namespace controller does, for a real server that runs none: delete every
+        object in the namespace, clear finalizers nobody will clear, then the namespace."""
+        for resource in self.namespaced_kinds(api_client):
             _empty(resource, namespace)
         core = client.CoreV1Api(api_client)
         try:
@@ -146,8 +166,16 @@ class _KubeSession:
                 raise
 
 
+def _crd_versions(api_client: client.ApiClient) -> tuple:
+    crds = client.ApiextensionsV1Api(api_client).list_custom_resource_definition().items
+    return tuple(
+        sorted((c.metadata.name, tuple(v.name for v in c.spec.versions if v.served)) for c in crds)
+    )
+
+
 def _empty(resource: Any, namespace: str) -> None:
-    """Delete every object of one type in `namespace` (pods at once, as their kubelet would)."""
+    """Delete every object of one type in `namespace` (pods at once, as their kubelet would).
+    A kind that is gone meanwhile (404: its CRD removed) has nothing left to delete."""
     options = {"gracePeriodSeconds": 0, "propagationPolicy": "Background"}
     if "deletecollection" in (resource.verbs or ()):
         # A DELETE on the collection without a selector: the dynamic client's delete() insists
@@ -155,7 +183,13 @@ def _empty(resource: Any, namespace: str) -> None:
         # podcertificaterequests refuse it). What it leaves, the loop below deletes.
         with contextlib.suppress(client.ApiException):
             resource.client.request("delete", resource.path(namespace=namespace), body=options)
-    for obj in resource.get(namespace=namespace).items:
+    try:
+        items = resource.get(namespace=namespace).items
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return
+        raise
+    for obj in items:
         meta = obj.metadata
         if meta.finalizers:
             patch = {"metadata": {"finalizers": None}}
@@ -223,6 +257,7 @@ def restore_simulator(sim: ApiServerSimulator) -> None:
     sim.set_watch_cap(SIM_WATCH_CAP)
     sim.reset()
     sim.request_log.clear()
+    sim.admission.calls.clear()  # the webhooks an earlier test's requests called
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -248,7 +283,7 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServerSim
 @pytest.fixture(scope="session")
 def _kube_session(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> _KubeSession:
+) -> Iterator[_KubeSession]:
     path = os.environ.get(ENV_KUBECONFIG)
     if path:
         session = _KubeSession(None, path)
@@ -257,10 +292,14 @@ def _kube_session(
             apply_crds(api_client)
         finally:
             api_client.close()
-        return session
-    sim = request.getfixturevalue("apiserver")
-    kubeconfig = sim.write_kubeconfig(tmp_path_factory.mktemp("kube-sim") / "kubeconfig")
-    return _KubeSession(sim, str(kubeconfig))
+    else:
+        sim = request.getfixturevalue("apiserver")
+        kubeconfig = sim.write_kubeconfig(tmp_path_factory.mktemp("kube-sim") / "kubeconfig")
+        session = _KubeSession(sim, str(kubeconfig))
+    try:
+        yield session
+    finally:
+        session.close()
 
 
 @pytest.fixture

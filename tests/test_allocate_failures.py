@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from kubernetes import client
 
 from agent.protos import deviceplugin_pb2 as dp
 
@@ -139,3 +140,66 @@ def test_a_cl_allocate_whose_claim_fails_is_refused_and_claims_nothing(cluster, 
     assert isinstance(again, dp.AllocateResponse), again
     held = [v for name in (FOO0, FOO1) for v in cluster.usage(name).values() if v]
     assert sorted(held) == [f"C:{CONFIG}-0:node-a", f"C:{CONFIG}-1:node-a"]
+
+
+def test_an_il_allocate_while_a_required_webhook_is_down_is_refused_after_one_write(cluster):
+    """Under failurePolicy Fail a webhook that cannot be called makes the API server answer
+    500 "failed calling webhook": no write was made and asking again waits out the webhook's
+    timeout again, so the claim is not retried (six attempts of a 5 s timeout kept the kubelet
+    half a minute). Through the simulator's admission chain."""
+    from tests.admission import CONFIGS, free_port
+
+    kubelet = cluster["node-a"].kubelet
+    slot = f"{FOO0}-0"
+    writes = slot_writes(cluster, slot)
+    hook = {
+        "name": "slots.example.test",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 5,
+        "clientConfig": {"url": f"https://127.0.0.1:{free_port()}/"},  # nothing listens
+        "rules": [{"apiGroups": ["akri.sh"], "apiVersions": ["*"], "operations": ["UPDATE"],
+                   "resources": ["instances"], "scope": "Namespaced"}],
+    }  # fmt: skip
+    body = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "slots-down"},
+        "webhooks": [hook],
+    }
+    custom = client.CustomObjectsApi(cluster.kube.api_client)
+    custom.create_cluster_custom_object(*CONFIGS, body)
+    cluster.kube.simulator.admission.calls.clear()
+    try:
+        answer = allocate(kubelet, IL_RESOURCE, [slot])
+    finally:
+        custom.delete_cluster_custom_object(*CONFIGS, "slots-down")
+
+    details = assert_refused(answer).details()
+    assert f"Unable to claim slot {slot}" in details
+    assert 'failed calling webhook "slots.example.test"' in details
+    assert "not retried" in details
+    assert len(writes) == 1, writes
+    # Called by the API server, and failed (other writes of the agent may be asked too).
+    calls = list(cluster.kube.simulator.admission.calls)
+    assert ("slots.example.test", "UPDATE", "instances", FOO0, "failed") in calls
+    assert cluster.usage(FOO0) == {slot: "", f"{FOO0}-1": ""}
+    assert cluster.events(instance=FOO0) == []
+    again = allocate(kubelet, IL_RESOURCE, [slot])
+    assert isinstance(again, dp.AllocateResponse), again
+    assert cluster.usage(FOO0) == {slot: "node-a", f"{FOO0}-1": ""}
+
+
+def slot_writes(cluster: AgentCluster, slot: str) -> list[list]:
+    """The agent's patches that write ``slot`` (its claim store's attempts), kept in a list."""
+    api = cluster["node-a"].agent.claims.api
+    patch, sent = api.patch_instance, []
+
+    def counted(name, ops, *args, **kwargs):
+        if any(op.get("path") == f"/spec/deviceUsage/{slot}" for op in ops):
+            sent.append(ops)
+        return patch(name, ops, *args, **kwargs)
+
+    api.patch_instance = counted
+    return sent

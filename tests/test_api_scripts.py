@@ -75,9 +75,10 @@ def test_a_revoked_token_is_refused_and_the_others_stay(client, cluster):
     key, _ = apitoken("bot")
     other, _ = apitoken("bot")
     row = ApiToken.objects.get(digest=digest(key))
+    assert client.get("/api/nodes/", **auth(key)).status_code == 200  # in use until revoked
 
     _, said = apitoken("bot", "--revoke", str(row.pk))
-    response = client.get("/api/nodes/", **auth(key))
+    response = client.get("/api/nodes/", **auth(key))  # at once: nothing remembers it
 
     assert said == f"bot: token {row.pk} revoked"
     assert response.status_code == 401
@@ -141,9 +142,13 @@ def test_admins_create_and_revoke_tokens_in_the_admin(client, cluster):
     assert key not in client.get("/admin/dashboard/apitoken/").content.decode()
     assert key not in client.get(f"/admin/dashboard/apitoken/{token.pk}/change/").content.decode()
     assert client.get("/admin/authtoken/tokenproxy/").status_code == 404  # the clear-key admin
+    assert client.get("/api/nodes/", **auth(key)).status_code == 200  # the bot's, in use
     revoked = client.post(f"/admin/dashboard/apitoken/{token.pk}/delete/", {"post": "yes"})
     assert revoked.status_code == 302
     assert not ApiToken.objects.filter(pk=token.pk).exists()
+    client.logout()  # the bot's script: its token alone
+    refused = client.get("/api/nodes/", **auth(key))
+    assert refused.status_code == 401 and refused.json()["detail"] == "Invalid token."
 
 
 def test_operators_cannot_manage_tokens_in_the_admin(client, cluster):

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from kubernetes.client.rest import ApiException
 
 from agent.brokers import engine
@@ -273,6 +274,49 @@ def test_the_configuration_level_strategy_runs_n_replicas(world, api):
     limits = pods["cams-0-broker"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["akri.sh/cams"] == "1"
     assert pods["cams-0-broker"]["metadata"]["ownerReferences"][0]["kind"] == "Configuration"
+
+
+def _created(pod: dict):
+    return parse_datetime(pod["metadata"]["creationTimestamp"])
+
+
+def test_a_configuration_level_broker_that_never_started_is_replaced_five_minutes_after_creation(
+    world, api
+):
+    """A pod never scheduled has no startTime: its Pending grace counts from its creation (Akri
+    waits for ever)."""
+    world.node("a")
+    world.akri.create_configuration(_with_replicas("1"))
+    engine.reconcile_configuration(api, "cams")
+    pod = world.pods()["cams-0-broker"]
+    assert "startTime" not in (pod.get("status") or {})
+    created = _created(pod)
+
+    early = engine.reconcile_configuration(api, "cams", now=created + timedelta(minutes=4.9))
+    late = engine.reconcile_configuration(api, "cams", now=created + timedelta(minutes=5.1))
+    after = engine.reconcile_configuration(api, "cams")
+
+    assert (early.deleted, late.deleted, after.created) == (0, 1, 1)
+    assert world.pods()["cams-0-broker"]["metadata"]["uid"] != pod["metadata"]["uid"]
+    [deleted] = BrokerAction.objects.filter(name="cams-0-broker", action="deleted")
+    assert "Pending for more than 5 minutes" in deleted.detail
+
+
+def test_a_broker_that_started_late_has_its_pending_grace_from_its_start(world, api):
+    a = world.node("a")
+    world.configuration()
+    world.instance(CAMS, (a,))
+    engine.level_pass(api)
+    name = f"{a}-{CAMS}-pod"
+    created = _created(world.pods()[name])
+    started = created + timedelta(minutes=3)  # scheduled late; its containers still pulling
+    status = {"phase": "Pending", "startTime": started.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    world.core.patch_namespaced_pod_status(name, world.namespace, {"status": status})
+
+    kept = engine.level_pass(api, now=created + timedelta(minutes=6))
+    late = engine.level_pass(api, now=started + timedelta(minutes=5.1))
+
+    assert (kept.deleted, late.deleted) == (0, 1)
 
 
 def _with_replicas(replicas: str) -> dict:

@@ -668,6 +668,26 @@ def test_a_slot_changed_meanwhile_is_refused_audited_and_left_alone(login, real_
     assert (entry.outcome, entry.holder) == ("refused", "node-a")
 
 
+def test_a_staff_viewer_releases_nothing_through_the_real_claim_store(login, real_instance):
+    """The viewer role reads; releasing needs the operator role, staff or not, in the admin
+    (its action and its one-slot page) and on the slot map: the API server keeps the holder."""
+    api, name = real_instance
+    client = login("viewer", staff=True)
+    slot = Slot.objects.select_related("instance").get(key=f"{name}-0")
+
+    in_admin = release(client, slot, "node-a", reason="a viewer trying")
+    page = client.get(f"/admin/agent/slot/{slot.pk}/release/")
+    on_map = client.post(f"/slots/{slot.pk}/release/", {"expected": "node-a"})
+
+    assert all("Released" not in m for _, m in messages_of(in_admin))
+    assert page.status_code == 403 and on_map.status_code == 403
+    assert api.get_instance(name)["spec"]["deviceUsage"][f"{name}-0"] == "node-a"
+    assert Slot.objects.get(key=f"{name}-0").value == "node-a"
+    assert not SlotEvent.objects.filter(slot=f"{name}-0", cause="manual").exists()
+    outcomes = list(AuditEntry.objects.values_list("outcome", "username"))
+    assert outcomes == [("refused", "u-viewer-True")] * 2
+
+
 # --- JSON API and /metrics ------------------------------------------------------------------
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -87,3 +89,25 @@ def test_a_stopped_controller_leaves_no_connection_open(kube, monkeypatch):
         ctl.stop()
     left = [w for w in open_in_dead_threads() if id(w) not in before]
     assert left == []
+
+
+def test_the_suite_remembers_and_closes_a_connection_a_process_wide_thread_keeps():
+    """asgiref's thread-sensitive executor lives as long as the process, and its thread's
+    connection with it: on PostgreSQL that session kept the test database from being dropped.
+    The suite remembers every connection opened (tests/conftest.py) and closes them all, from
+    the main thread, before the test databases are torn down."""
+    from tests.conftest import _OPENED, close_connections
+
+    def work() -> BaseDatabaseWrapper:
+        Instance.objects.count()
+        return connections["default"]
+
+    async def in_the_executor() -> BaseDatabaseWrapper:
+        return await sync_to_async(work)()
+
+    wrapper = asyncio.run(in_the_executor())
+    assert wrapper is not connections["default"]  # another thread's
+    assert wrapper.connection is not None  # nothing closed it: the thread lives on
+    assert wrapper in _OPENED
+    close_connections([wrapper])
+    assert wrapper.connection is None

@@ -3,6 +3,7 @@ the level pass against a model cluster with failing writes and arbitrary interle
 
 from __future__ import annotations
 
+import copy
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -256,6 +257,31 @@ def test_a_pending_pod_is_replaced_after_five_minutes_and_a_failed_one_at_once()
 
     assert [(d.name, d.why) for d in result.delete] == [("node-b-cams-8120fe-pod", "phase Failed")]
     assert [d.name for d in later.delete] == ["node-a-cams-8120fe-pod"]
+
+
+def test_the_pending_grace_of_a_pod_that_never_started_counts_from_its_creation():
+    """Read as the API server shows a pod: no ``status.startTime`` until a kubelet starts it
+    (a pod never scheduled never gets one). Akri waits for ever for such a pod."""
+    c, i = pod_config(), instance(nodes=("node-a",))
+    body = rules.broker_pod(c, i, "node-a", POD_SPEC, rules.fingerprint(c))
+
+    def as_served(created: datetime, started: datetime | None = None) -> rules.Found:
+        obj = copy.deepcopy(body)
+        obj["metadata"].update(uid="u", creationTimestamp=f"{created:%Y-%m-%dT%H:%M:%SZ}")
+        obj["status"] = {"phase": "Pending"}
+        if started is not None:
+            obj["status"]["startTime"] = f"{started:%Y-%m-%dT%H:%M:%SZ}"
+        return rules.Found.from_object(rules.POD, obj)
+
+    def deleted(found: rules.Found) -> list[tuple[str, str]]:
+        result = plan(c, [i], [found], configuration="cams", live_nodes=None, now=NOW)
+        return [(d.name, d.why) for d in result.delete]
+
+    never = as_served(NOW - timedelta(minutes=6))
+    assert deleted(never) == [("node-a-cams-8120fe-pod", "Pending for more than 5 minutes")]
+    assert deleted(as_served(NOW - timedelta(minutes=4))) == []
+    # Started late: from its start.
+    assert deleted(as_served(NOW - timedelta(minutes=9), NOW - timedelta(minutes=2))) == []
 
 
 def test_a_pod_on_a_node_that_left_the_instance_goes():

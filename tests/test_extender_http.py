@@ -269,3 +269,64 @@ def test_a_retried_bind_of_a_pod_already_bound_there_succeeds(kube, world):
     assert stored.spec.node_name == n1
     assert ASSIGNMENT in stored.metadata.annotations
     assert elsewhere["Error"]
+
+
+# --- Unschedulable or UnschedulableAndUnresolvable ----------------------------------------------
+# kube-scheduler tries preemption only on the nodes an extender calls Unschedulable: a busy
+# device may free up if a pod goes; a device the node lacks, or fewer slots than asked, never.
+
+
+def instance_request(kube) -> tuple[dict, dict, str, str]:
+    """One slot of n2's busy camera (its one slot held), and two of its free one (capacity 1)."""
+    busy, small = cam(kube, "b", 0), cam(kube, "b", 1)
+    one = created_pod(kube, {f"akri.sh/{busy}": 1}, "one-of-busy")
+    two = created_pod(kube, {f"akri.sh/{small}": 2}, "two-of-one")
+    return one, two, busy, small
+
+
+def test_an_instance_request_is_unschedulable_when_busy_and_unresolvable_when_it_never_fits(
+    kube, world
+):
+    n1, n2, n3 = nodes(kube)
+    one, two, busy, small = instance_request(kube)
+
+    _, first = post(world.url + "/filter", filter_args(one, [n1, n2, n3]))
+    _, second = post(world.url + "/filter", filter_args(two, [n2]))
+
+    assert first["NodeNames"] == [] and first["Error"] == ""
+    assert first["FailedNodes"] == {n2: f"Instance {busy}: 1 slots requested, 0 free of 1"}
+    assert first["FailedAndUnresolvableNodes"] == {
+        n1: f"Instance {busy} is not visible to node {n1}",
+        n3: f"Instance {busy} is not visible to node {n3}",
+    }
+    assert second["FailedNodes"] == {}
+    assert second["FailedAndUnresolvableNodes"] == {
+        n2: f"Instance {small} has capacity 1, 2 slots requested"
+    }
+
+
+def test_the_node_page_says_busy_or_cannot_fit_as_the_extender_answered(kube, world, client):
+    """The extender's verdicts as recorded and shown on the node's page (a viewer's session,
+    the real views): "busy" for Unschedulable, "cannot fit" for UnschedulableAndUnresolvable."""
+    from django.contrib.auth.models import Group, User
+
+    n1, n2, n3 = nodes(kube)
+    one, two, busy, small = instance_request(kube)
+    post(world.url + "/filter", filter_args(one, [n1, n2]))
+    post(world.url + "/filter", filter_args(two, [n2]))
+    world.recorder.flush()
+    kube.wait_for(
+        lambda: PodVerdict.objects.filter(name__in=["one-of-busy", "two-of-one"]).count() == 2
+    )
+    viewer = User.objects.create_user("scheduling-viewer")
+    viewer.groups.add(Group.objects.get(name="viewer"))
+    client.force_login(viewer)
+
+    on_n2 = client.get(f"/nodes/{n2}/")
+    on_n1 = client.get(f"/nodes/{n1}/")
+
+    assert on_n2.status_code == on_n1.status_code == 200
+    n2_page, n1_page = on_n2.content.decode(), on_n1.content.decode()
+    assert f"busy: Instance {busy}: 1 slots requested, 0 free of 1" in n2_page
+    assert f"cannot fit: Instance {small} has capacity 1, 2 slots requested" in n2_page
+    assert f"cannot fit: Instance {busy} is not visible to node {n1}" in n1_page

@@ -211,3 +211,25 @@ def test_keys_keep_their_short_window_while_a_full_recompute_waits():
     assert fired == [None, ["k"]]
     debouncer.flush()  # the postponed full one, now
     assert fired[-1] is None
+
+
+@pytest.mark.parametrize("kind", ["kai-queue", "kueue-clusterqueue", "volcano-queue"])
+def test_a_queue_page_says_whether_its_queue_object_opted_it_out(login, world, settings, kind):
+    """The annotation on the queue system's object wins over AKRI_QUEUE_OPT_OUT, both ways."""
+    from agent.queues.models import QueueObject
+
+    settings.AKRI_QUEUES = {**settings.AKRI_QUEUES, "OPT_OUT": ["team-b"]}
+    QueueObject.objects.create(
+        kind=kind, name="team-a", annotations={"akri-site.io/opt-out": "true"}
+    )
+    QueueObject.objects.create(
+        kind=kind, name="team-b", annotations={"akri-site.io/opt-out": "false"}
+    )
+    client = login("viewer")
+
+    team_a = client.get("/queues/q/team-a/").content.decode()
+    team_b = client.get("/queues/q/team-b/").content.decode()
+
+    assert "<strong>opted out</strong>" in team_a
+    assert "<strong>opted out</strong>" not in team_b
+    assert "shares what it owns with preemptible pods of other queues" in team_b

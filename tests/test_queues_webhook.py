@@ -10,7 +10,7 @@ from django.test import Client
 
 from agent.models import Instance
 from agent.queues import webhook
-from agent.queues.models import Charge, InstanceLabels, Refusal, ResourceClaim
+from agent.queues.models import Charge, InstanceLabels, QueueObject, Refusal, ResourceClaim
 
 pytestmark = pytest.mark.django_db
 URL = "/webhooks/pods/validate"
@@ -244,3 +244,33 @@ def test_other_resources_are_allowed_untouched():
     body = label_review("UPDATE", {LABEL: "a"}, {LABEL: "b"})
     body["request"]["resource"] = {"group": "", "version": "v1", "resource": "configmaps"}
     assert post(body).json()["response"]["allowed"] is True
+
+
+# A queue object's annotation akri-site.io/opt-out overrides AKRI_QUEUE_OPT_OUT both ways, on
+# every queue system's queue kind.
+QUEUE_KINDS = [
+    QueueObject.Kind.KAI_QUEUE,
+    QueueObject.Kind.KUEUE_CLUSTER_QUEUE,
+    QueueObject.Kind.VOLCANO_QUEUE,
+]
+
+
+@pytest.mark.parametrize("kind", QUEUE_KINDS)
+def test_the_owners_queue_object_opts_it_out_or_back_in(owned_claim, settings, kind):
+    foreign = review(priority=0)  # preemptible: only an opt-out keeps it off
+    note = QueueObject.objects.create(
+        kind=kind, name="team-a", annotations={"akri-site.io/opt-out": "true"}
+    )
+    webhook.forget_world()
+    opted_out = post(foreign).json()["response"]
+
+    settings.AKRI_QUEUES = {**settings.AKRI_QUEUES, "OPT_OUT": ["team-a"]}
+    note.annotations = {"akri-site.io/opt-out": "false"}
+    note.save()
+    webhook.forget_world()
+    back_in = post(foreign).json()["response"]
+
+    assert opted_out["allowed"] is False
+    assert "owned by queue team-a" in opted_out["status"]["message"]
+    assert "(rule: opt-out)" in opted_out["status"]["message"]
+    assert back_in["allowed"] is True

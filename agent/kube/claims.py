@@ -5,7 +5,10 @@ whose ``test`` ops make it fail rather than overwrite a change it has not seen, 
 conflict re-reads the Instance from the API server and decides again: taken by another holder
 is ``SlotTaken``; already ours is success. Only after the API server said yes are the cache
 row and the event row written. Transient errors are retried a bounded number of times with
-jittered backoff.
+jittered backoff. Not a 500 saying an admission webhook could not be called: under
+``failurePolicy: Fail`` the API server made no write, and asking again waits out the webhook's
+timeout again (6 attempts of a 5 s timeout kept an Allocate half a minute before its error), so
+that one is answered at once (``WebhookFailed``) and the slot stays free.
 
 Releases of several slots of one Instance that are due together (a Job's pods ending at once)
 can go as one patch (``release_many``): a ``test`` + ``replace`` pair per slot, all or nothing
@@ -55,6 +58,7 @@ __all__ = [
     "SlotChanged",
     "SlotTaken",
     "UnknownSlot",
+    "WebhookFailed",
     "WriteUnknown",
     "manual_release",
 ]
@@ -81,6 +85,17 @@ class WriteUnknown(ClaimStoreError):
     still apply it. A caller that gives up must undo it as if it had happened (a release is
     conditional, so it frees nothing that this write did not claim)."""
 
+
+class WebhookFailed(ClaimStoreError):
+    """The API server could not call an admission webhook that must answer (failurePolicy
+    Fail: down, slower than its timeout, a bad certificate). Nothing was written. Not retried:
+    the webhook's health is not a race another attempt can win, and each attempt can cost its
+    whole timeout."""
+
+
+# kube-apiserver's words for a webhook call that failed under failurePolicy Fail (a 500
+# InternalError: "Internal error occurred: failed calling webhook "<name>": ...").
+_WEBHOOK_FAILED = "failed calling webhook"
 
 # Codes worth retrying as they are; 409/422 mean "re-read and decide" instead.
 _TRANSIENT = {429, 500, 502, 503, 504}
@@ -435,6 +450,11 @@ class ClaimStore:
                     return None
                 if code == 404:
                     raise InstanceGone(f"Instance {instance} not found") from None
+                if code == 500 and _WEBHOOK_FAILED in message:
+                    raise WebhookFailed(
+                        f"writing Instance {instance}: {code} {message} (an admission webhook"
+                        " failed; nothing was written, not retried)"
+                    ) from None
                 if code not in _TRANSIENT or attempt >= self.attempts - 1:
                     raise ClaimStoreError(
                         f"writing Instance {instance}: {code} {message}"
