@@ -12,9 +12,11 @@ def main() -> None:
         # uvicorn workers inherit the variable. Set here, not in akri_site.asgi, so that no other
         # process that imports the ASGI app (a test run) passes it on to its children.
         os.environ.setdefault("AKRI_WEB_PROCESS", "true")
-    from django.core.management import execute_from_command_line
+    # The project's package first: in the node agent's process it defers the parts of Django
+    # that Django's command machinery would load otherwise (akri_site.deferred).
+    from akri_site.env import EnvError  # isort: skip
 
-    from akri_site.env import EnvError
+    from django.core.management import execute_from_command_line
 
     try:
         execute_from_command_line(sys.argv)

@@ -8,5 +8,11 @@ one_line_for_bad_settings()
 # the Celery app it does not load Celery, kombu and billiard, about 20 MB of every agent.
 if not env.boolean("AKRI_AGENT_ONLY", False):
     from akri_site.celery import app as celery_app  # noqa: F401
+else:
+    # Nor the parts of the Kubernetes client and of Django it never uses (akri_site.deferred):
+    # deferred before anything imports them.
+    from akri_site import deferred
+
+    deferred.defer()
 
 __all__ = ("celery_app",)

@@ -6,6 +6,7 @@ and tasks run in-process. Production sets ``DATABASE_URL`` (PostgreSQL) and ``RE
 """
 
 import contextlib
+import logging.config
 from datetime import timedelta
 from pathlib import Path
 
@@ -343,6 +344,11 @@ AKRI = {
     "NAMESPACE": env.string("AKRI_NAMESPACE", "default"),
     # kubeconfig for the API server; empty means in-cluster configuration.
     "KUBECONFIG": env.string("KUBECONFIG", ""),
+    # In-cluster configuration reads the pod's service account (token, ca.crt) from here; a
+    # benchmark that runs the agent as its DaemonSet does, outside a pod, points it elsewhere.
+    "SERVICE_ACCOUNT_DIR": env.string(
+        "AKRI_SERVICE_ACCOUNT_DIR", "/var/run/secrets/kubernetes.io/serviceaccount"
+    ),
     "DEVICE_PLUGIN_DIR": env.string("AKRI_DEVICE_PLUGIN_DIR", "/var/lib/kubelet/device-plugins"),
     "POD_RESOURCES_SOCKET": env.string(
         "AKRI_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -462,3 +468,9 @@ LOGGING = {
     },
     "loggers": {"kubernetes": {"level": "WARNING"}, "urllib3": {"level": "WARNING"}},
 }
+if not _WEB:
+    # The agent serves no requests: Django's own logging (its admin e-mail handler loads the
+    # debug views and templates, about 1.5 MB of every agent) has nothing to do there. Ours
+    # alone, configured here as Django's documentation shows for LOGGING_CONFIG = None.
+    LOGGING_CONFIG = None
+    logging.config.dictConfig(LOGGING)

@@ -15,26 +15,33 @@
   chain and without, alternating; ``webhook_over_floor_p50`` is the first over the second.
 - ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
   list reaching the kubelet simulator of a node that did not make the change.
-- ``agent-memory``: ``manage.py runagent`` as its own process, with its own SQLite and
-  ``AKRI_AGENT_ONLY=true`` (no web stack), serving 100 Instances (100 IL plugins and one CL
-  plugin), slot reconciler on; its RSS once all are registered.
+- ``agent-memory``: ``manage.py runagent`` as its DaemonSet runs it, in a process of its own:
+  its own SQLite, ``AKRI_AGENT_ONLY=true`` (no web stack), bytecode compiled as in the image,
+  in-cluster configuration over TLS (``TlsFront``), slot reconciler on; serving 100 Instances
+  (100 IL plugins and one CL plugin). ``rss_mb`` once every plugin the API server's Instances
+  call for is registered and lists its devices healthy (checked one by one), ``peak_rss_mb``
+  the process's high-water mark after a kubelet restart had them all register anew.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -50,6 +57,8 @@ from agent.discovery.debugecho import DebugEchoHandler
 from agent.kube.client import JSON_PATCH, AkriApi, new_api_client
 from agent.kube.watch import CacheSync
 from agent.node.agent import NodeAgent
+from agent.node.loop import LoopThread
+from agent.queues.served import make_tls
 from agent.simulator.apiserver import ApiServerSimulator
 from agent.simulator.cluster import ensure_namespace
 from agent.simulator.kubelet import KubeletSimulator
@@ -496,6 +505,10 @@ def bench_health_propagation(quick: bool = False, stdout: Any = None) -> dict[st
 
 
 def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+    """``rss_mb`` once the 100 Instances' plugins are registered and listing their devices,
+    ``peak_rss_mb`` the most the process ever held (its VmHWM) after a kubelet restart has had
+    every plugin serve and register anew. The agent is configured as in its pod: in-cluster,
+    over TLS with a service-account token (``TlsFront``), not from a kubeconfig."""
     ensure_migrated()
     count = 100
     root = tempfile.mkdtemp(prefix="bm", dir="/tmp")
@@ -505,20 +518,40 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
     proc: subprocess.Popen | None = None
     kubelet = KubeletSimulator(os.path.join(root, "dp"), os.path.join(root, "pr.sock"), "node-a")
     try:
-        with ApiServerSimulator() as sim:
+        with ApiServerSimulator() as sim, TlsFront(sim.port, Path(root) / "tls") as front:
             sim.ensure_namespace(namespace)
             kubeconfig = str(sim.write_kubeconfig(os.path.join(root, "kubeconfig")))
+            metrics_port = _free_port()
+            account = Path(root) / "serviceaccount"
+            account.mkdir()
+            (account / "token").write_text("bench-token")
+            shutil.copy(front.ca, account / "ca.crt")
             env = dict(
                 os.environ,
                 AKRI_SQLITE_PATH=os.path.join(root, "agent.sqlite3"),
-                KUBECONFIG=kubeconfig,
+                KUBECONFIG="",
+                KUBERNETES_SERVICE_HOST="127.0.0.1",
+                KUBERNETES_SERVICE_PORT=str(front.port),
+                AKRI_SERVICE_ACCOUNT_DIR=str(account),
                 AKRI_NAMESPACE=namespace,
                 DATABASE_URL="",
                 LOG_LEVEL="WARNING",
+                # /metrics served, as in the DaemonSet, on a port of its own.
+                METRICS_PORT=str(metrics_port),
+                AKRI_METRICS_ADDRESS="127.0.0.1",
+                METRICS_TOKEN=METRICS_TOKEN,
                 # As the agent's DaemonSet runs it: no web stack loaded (see settings).
                 AKRI_AGENT_ONLY="true",
             )
             subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True)
+            # The image runs the project from bytecode compiled when it was built
+            # (deploy/Containerfile); compiling its modules at start-up instead would leave
+            # some 2 MB more in the heap, and a figure that depends on the working tree.
+            subprocess.run(
+                [sys.executable, "-m", "compileall", "-q", "agent", "akri_site"],
+                cwd=str(settings.BASE_DIR),
+                check=True,
+            )
             kubelet.start()
             with open(log_path, "w") as log:
                 proc = subprocess.Popen(
@@ -541,6 +574,9 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
             api.create_configuration(configuration([f"dev-{i:03d}" for i in range(count)]))
             _wait_registered(kubelet, count + 1, proc, log_path)
             ready_s = time.monotonic() - started
+            expected = _expected_resources(api, count)
+            _check_served(kubelet, expected)
+            _check_metrics(metrics_port)
             process = psutil.Process(proc.pid)
             rss = process.memory_info().rss / (1024 * 1024)
             threads = process.num_threads()
@@ -549,9 +585,13 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
             kubelet.restart()
             _wait_registered(kubelet, count + 1, proc, log_path, after=restarted)
             reregister_s = time.monotonic() - restarted
+            _check_served(kubelet, expected, after=restarted)
+            peak = _peak_rss_mb(proc.pid)
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=30)
             leftover = [n for n in os.listdir(kubelet.plugin_dir) if n != "kubelet.sock"]
+            if not front.connections:
+                raise RuntimeError("the agent never reached the API server through TLS")
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -559,6 +599,7 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
         shutil.rmtree(root, ignore_errors=True)
     return {
         "rss_mb": rss,
+        "peak_rss_mb": peak,
         "plugins": count + 1,
         "threads": threads,
         "ready_s": ready_s,
@@ -566,6 +607,124 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
         "exit_code": code,
         "sockets_left": len(leftover),
     }
+
+
+METRICS_TOKEN = "bench-metrics-token"
+
+
+def _check_metrics(port: int) -> None:
+    """The agent's /metrics answers, as its DaemonSet's scrape would have it."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        if answer.status != 200 or b"# TYPE" not in answer.read():
+            raise RuntimeError(f"the agent's /metrics answered {answer.status} without metrics")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _expected_resources(api: AkriApi, count: int) -> dict[str, int]:
+    """Resource name -> healthy devices, from the API server: one IL plugin per Instance of
+    the Configuration (its capacity, all free), and the Configuration's CL plugin (unique
+    devices, Akri's default: one per Instance)."""
+    items = [o for o in api.list_instances()["items"] if o["spec"]["configurationName"] == CONFIG]
+    if len(items) != count:
+        raise RuntimeError(f"{len(items)} Instances in the API server, {count} expected")
+    expected = {f"akri.sh/{o['metadata']['name']}": o["spec"]["capacity"] for o in items}
+    expected[f"akri.sh/{CONFIG}"] = len(items)
+    return expected
+
+
+def _check_served(kubelet: KubeletSimulator, expected: dict[str, int], after: float = 0.0) -> None:
+    """Every expected plugin registered (after ``after``) and lists all its devices, healthy:
+    the figure is of an agent that served them all."""
+    registered = {e.resource for e in kubelet.registrations if e.time > after}
+    resources = kubelet.resources()
+    wrong = sorted(
+        name
+        for name, devices in expected.items()
+        if name not in registered
+        or not resources[name].connected
+        or len(resources[name].healthy()) != devices
+    )
+    if wrong:
+        raise RuntimeError(f"{len(wrong)} plugins not served as expected, e.g. {wrong[:3]}")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM), MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
+class TlsFront:
+    """The API-server simulator behind TLS, so that the agent connects as in a pod: in-cluster
+    configuration, ``https://KUBERNETES_SERVICE_HOST:PORT`` checked against the service
+    account's CA (the simulator itself speaks plain HTTP). Bytes pass both ways as they come,
+    so watches stream. Its own event loop in a thread; ``connections`` counts the clients."""
+
+    def __init__(self, upstream_port: int, directory: Path) -> None:
+        tls = make_tls(directory, names=("127.0.0.1",))
+        self.ca = tls.ca
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(tls.cert, tls.key)
+        self._upstream = upstream_port
+        self._loop = LoopThread("tls-front", blocking_workers=1)
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.port = 0
+        self.connections = 0
+
+    def __enter__(self) -> TlsFront:
+        self._loop.start()
+        self._server = self._loop.run(self._listen(), timeout=30)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.run(self._close(), timeout=30)
+        self._loop.stop()
+
+    async def _listen(self) -> asyncio.base_events.Server:
+        return await asyncio.start_server(self._client, "127.0.0.1", 0, ssl=self._context)
+
+    async def _close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._upstream)
+            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
 
 
 def _wait_registered(

@@ -6,12 +6,14 @@ Everything talks to the API server through the official ``kubernetes`` client ov
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.config import incluster_config
 
 GROUP = "akri.sh"
 VERSION = "v0"
@@ -33,10 +35,18 @@ def new_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """A fresh API client: from ``kubeconfig``, else settings/``KUBECONFIG``, else in-cluster."""
     path = kubeconfig if kubeconfig is not None else settings.AKRI["KUBECONFIG"]
     if path:
-        api = config.new_client_from_config(config_file=path)
+        # Imported here: the kubeconfig loader brings requests and oauthlib, which a pod that
+        # reads its service account never needs (akri_site.deferred).
+        from kubernetes.config.kube_config import new_client_from_config
+
+        api = new_client_from_config(config_file=path)
     else:
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+        account = settings.AKRI["SERVICE_ACCOUNT_DIR"]
+        incluster_config.InClusterConfigLoader(
+            token_filename=os.path.join(account, "token"),
+            cert_filename=os.path.join(account, "ca.crt"),
+        ).load_and_set(configuration)
         api = client.ApiClient(configuration)
     api.rest_client.pool_manager.connection_pool_kw["maxsize"] = POOL_SIZE
     return api
