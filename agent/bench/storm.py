@@ -406,12 +406,18 @@ class Watches:
         # Listed first, so that the watch starts after the world and misses nothing after it.
         rv = core.list_namespaced_pod(self.namespace).metadata.resource_version
         self._started.wait(60)
+        # Events as plain dicts (deserialize=False), here and below: typed models cost this
+        # process, which the agents share, more CPU than a storm's releases.
         stream = self._watches[0].stream(
-            core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=900
+            core.list_namespaced_pod,
+            self.namespace,
+            resource_version=rv,
+            timeout_seconds=900,
+            deserialize=False,
         )
         for event in stream:
             if event["type"] == "DELETED":
-                name = event["object"].metadata.name
+                name = event["object"]["metadata"]["name"]
                 with self.cond:
                     self.gone.setdefault(name, time.monotonic())
                     self.cond.notify_all()
@@ -424,7 +430,11 @@ class Watches:
         rv = custom.list_namespaced_custom_object(*args)["metadata"]["resourceVersion"]
         self._started.wait(60)
         stream = self._watches[1].stream(
-            custom.list_namespaced_custom_object, *args, resource_version=rv, timeout_seconds=900
+            custom.list_namespaced_custom_object,
+            *args,
+            resource_version=rv,
+            timeout_seconds=900,
+            deserialize=False,
         )
         for event in stream:
             usage = (event["object"].get("spec") or {}).get("deviceUsage") or {}

@@ -530,6 +530,7 @@ class NodeReconciler:
         self._wake = threading.Event()
         self._targets: set[str] = set()  # slots a targeted pass should look at
         self._gone: list[PodInfo] = []  # pods ended, waiting for _drain_gone
+        self._drain_queued = False  # a _drain_gone is submitted and has not taken them yet
         self._gone_guard = threading.Lock()
         # Gone pods' slots waiting for their Instance's next write, and the Instances being
         # written (``_release_due``).
@@ -720,9 +721,13 @@ class NodeReconciler:
         if kind != "DELETED" and not info.terminated and self._to_publish(before, info):
             self._publish_soon()
         if kind == "DELETED" or info.terminated:
+            # One drain for whatever ends before it runs: in a storm, a submit per pod had the
+            # watch threads of 50 agents queue on the pools' shared lock, seconds behind.
             with self._gone_guard:
                 self._gone.append(info)
-            self._submit(self._drain_gone)
+                queued, self._drain_queued = self._drain_queued, True
+            if not queued:
+                self._submit(self._drain_gone)
         elif self._has_unnamed():
             self._schedule_learn()
 
@@ -732,6 +737,7 @@ class NodeReconciler:
         of a burst writes a run row before its API call (SQLite writers queue on each other)."""
         with self._gone_guard:
             pods, self._gone = self._gone, []
+            self._drain_queued = False
         if pods:
             book = self._burst_book()
             self.release_pods(pods, book=book, finish=False)
@@ -785,10 +791,12 @@ class NodeReconciler:
         for binding in slots:
             by_instance[binding.instance].append(binding)
 
-        def release(instance: str, bindings: list[Binding]) -> None:
-            if self.fold_releases:
+        if self.fold_releases:
+            for instance, bindings in by_instance.items():
                 self._release_due(instance, [(b, pods, book) for b in bindings])
-                return
+            return book.finish() if finish else book.row
+
+        def release(instance: str, bindings: list[Binding]) -> None:
             with self._lock(instance):
                 for binding in bindings:
                     self._release_one(book, instance, binding, pods)
@@ -817,15 +825,26 @@ class NodeReconciler:
     def _release_due(
         self, instance: str, entries: list[tuple[Binding, list[PodInfo], RunBook]]
     ) -> None:
-        """Gone pods' slots on one Instance, by group commit: the thread that finds nobody
-        releasing this Instance writes everything due for it, and again for whatever came
-        due during its write, until nothing is left; others only add to the queue. A lone
-        release waits for nothing, and a storm's releases of one Instance share writes."""
+        """Gone pods' slots on one Instance, by group commit: they join the Instance's queue,
+        and when nobody is releasing it, a release loop (``_release_queued``) is started on
+        the per-Instance pool. The caller waits for no write: a drain of pods on five
+        Instances hands out five loops and is free for the next pods at once."""
         with self._due_guard:
             self._due.setdefault(instance, []).extend(entries)
             if instance in self._releasing:
                 return  # the releasing thread takes them with its next write
             self._releasing.add(instance)
+        if self._group_pool is None:
+            self._release_queued(instance)
+        else:
+            self._group_pool.submit(self._release_queued, instance).add_done_callback(
+                self._report_failure
+            )
+
+    def _release_queued(self, instance: str) -> None:
+        """The release loop of one Instance: everything due for it in one write, and again for
+        whatever came due during that write, until nothing is left. A lone release waits for
+        nothing, and a storm's releases of one Instance share writes."""
         while True:
             with self._due_guard:
                 taken = self._due.pop(instance, [])

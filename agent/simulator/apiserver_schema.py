@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import fastjsonschema
 from jsonschema import Draft4Validator
 from jsonschema.exceptions import ValidationError
 
@@ -62,7 +63,9 @@ class CrdSchema:
 
     def __init__(self, schema: dict[str, Any] | None) -> None:
         self.schema = schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-        self._validator = Draft4Validator(_jsonschema(self.schema))
+        self._plain = _jsonschema(self.schema)
+        self._validator = Draft4Validator(self._plain)
+        self._check = _compiled(self._plain)
 
     def normalize(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Pruned, null-dropped and defaulted copy of `obj` (a whole custom resource)."""
@@ -85,8 +88,9 @@ class CrdSchema:
             {k: v for k, v in obj.items() if k not in _ROOT_FIELDS}, self.schema
         )
         found: list[tuple[str, str]] = []
-        for error in self._validator.iter_errors(body):
-            found.extend(_field_errors(error))
+        if not _surely_valid(body, self._check):
+            for error in self._validator.iter_errors(body):
+                found.extend(_field_errors(error))
         found.extend(_set_duplicates(body, self.schema, ""))
         return list(dict.fromkeys(found))
 
@@ -109,6 +113,29 @@ def _jsonschema(schema: Any) -> Any:
     if schema.get("x-kubernetes-preserve-unknown-fields") and out.get("type") == "object":
         out.setdefault("additionalProperties", True)
     return out
+
+
+def _compiled(schema: Any) -> Any:
+    """``schema`` compiled by fastjsonschema (Python code generated for it once, checked against
+    jsonschema by tests/test_apiserver_schema_quick.py), or None when it cannot compile it.
+    jsonschema walked an Instance of 110 slots in about 1-3 ms on every write of it: most of a
+    release storm's simulator time; the compiled check takes about 10 us. Defaults and formats
+    off: ``normalize`` fills defaults itself, and the real server checks no ``format`` here."""
+    try:
+        return fastjsonschema.compile(schema, use_default=False, use_formats=False)
+    except fastjsonschema.JsonSchemaDefinitionException:
+        return None
+
+
+def _surely_valid(value: Any, check: Any) -> bool:
+    """True when the compiled ``check`` accepts ``value``; the validator then need not run."""
+    if check is None:
+        return False
+    try:
+        check(value)
+    except fastjsonschema.JsonSchemaValueException:
+        return False
+    return True
 
 
 def _without_allowed_nulls(value: Any, schema: dict[str, Any] | None) -> Any:

@@ -11,7 +11,8 @@ writer, so a slow watcher never loses events; it drains its queue and writes to 
 outside the lock. Draining does not take the store lock: at 50 nodes each pod event used to wake
 a hundred node-filtered watches (agents, kubelets) that all queued on that one lock, competing
 with the writers, to learn that the event was not theirs. A watch with a selector hands the
-store its filter, so only the watches an event concerns are woken.
+store its filter, so only the watches an event concerns are woken; a pod watch of one node is
+indexed by that node (``node_trigger``), so the others' filters are not even tried.
 
 The event log is one global deque of the last `history_limit` events. Every committed write
 takes exactly one resourceVersion and appends exactly one event, so the retained versions are
@@ -30,7 +31,7 @@ import re
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +41,7 @@ from agent.simulator.apiserver_schema import CrdSchema
 from agent.simulator.apiserver_select import (
     FieldRequirement,
     Requirement,
+    field_value,
     fields_match,
     labels_match,
 )
@@ -309,6 +311,9 @@ class Watcher:
     # The stream's selector (obj -> bool), or None: an event neither whose new nor whose old
     # state it matches is not queued (the stream would drop it anyway).
     accepts: Callable[[dict], bool] | None = None
+    # The node a pod watch's field selector names (``node_trigger``): only events of pods on
+    # that node (now or before) are offered to it.
+    trigger: str | None = None
 
     def wants(self, event: Event) -> bool:
         if self.namespace is not None and self.namespace != event.namespace:
@@ -319,6 +324,30 @@ class Watcher:
         if event.type != "DELETED" and accepts(event.obj):
             return True
         return event.old is not None and accepts(event.old)
+
+
+def node_trigger(rt: ResourceType, fields: list[FieldRequirement]) -> str | None:
+    """The node a pod watch is about, from its field selector's ``spec.nodeName=X``.
+
+    kube-apiserver's watch cache indexes pod watchers by it (the pod registry's
+    ``NodeNameTriggerFunc``), so that an event is offered only to the watchers of its node, not
+    tested against every kubelet's and agent's selector: at 50 nodes that test, a hundred times
+    per pod event, was most of a 5,000-pod ``deletecollection``."""
+    if rt.key != PODS_KEY:
+        return None
+    for path, op, value in fields:
+        if path == "spec.nodeName" and op == "=":
+            return value
+    return None
+
+
+def _node_of(pod: dict) -> str:
+    """``spec.nodeName`` as a field selector reads it (``field_value``), quickly."""
+    spec = pod.get("spec")
+    value = spec.get("nodeName") if isinstance(spec, dict) else None
+    if value is None or isinstance(value, str):
+        return value or ""
+    return field_value(pod, "spec.nodeName")
 
 
 def now_rfc3339() -> str:
@@ -343,7 +372,9 @@ class Store:
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
         self._sorted: dict[tuple[str, str], list[tuple[str, str]] | None] = {}
         self.log: deque[Event] = deque(maxlen=max(history_limit, 0))
-        self.watchers: dict[tuple[str, str], set[Watcher]] = {}
+        self.watchers: dict[tuple[str, str], set[Watcher]] = {}  # those without a trigger
+        # Pod watchers by the node they are about (``node_trigger``).
+        self.triggered: dict[str, set[Watcher]] = {}
         for rt in builtin_types():
             self._register(rt)
         self._create_system_namespaces()
@@ -357,8 +388,9 @@ class Store:
         self.watchers.setdefault(rt.key, set())
 
     def resolve(self, group: str, version: str, plural: str) -> ResourceType | None:
-        with self.lock:
-            rt = self.types.get((group, plural))
+        # Without the lock: one dict read is atomic, and every request starts here, so under
+        # load they queued on the writers' lock only to find their type.
+        rt = self.types.get((group, plural))
         if rt is None or version not in rt.versions:
             return None
         return rt
@@ -395,11 +427,23 @@ class Store:
         event = Event(self.rv, rt.key, etype, obj, old)
         if self.log.maxlen:
             self.log.append(event)
-        for watcher in self.watchers.get(rt.key, ()):
+        for watcher in self._candidates(rt.key, obj, old):
             if watcher.wants(event):
                 watcher.queue.append(event)
                 watcher.wake.set()
         self.emitted = self.rv  # every event up to here is in its watchers' queues
+
+    def _candidates(self, key: tuple[str, str], obj: dict, old: dict | None) -> Iterable[Watcher]:
+        """The watchers an event of ``key`` may concern: every one without a trigger, and for a
+        pod those of its node before and after (a pod bound, or its node changed)."""
+        plain = self.watchers.get(key, ())
+        if key != PODS_KEY or not self.triggered:
+            return plain
+        node = _node_of(obj)
+        found = [*plain, *self.triggered.get(node, ())]
+        if old is not None and (before := _node_of(old)) != node:
+            found.extend(self.triggered.get(before, ()))
+        return found
 
     def _commit(self, rt: ResourceType, obj: dict, old: dict | None, etype: str) -> dict:
         """Store `obj` (a fresh dict with a fresh metadata dict) under a new resourceVersion."""
@@ -456,12 +500,15 @@ class Store:
         namespace: str | None,
         since: int | None,
         accepts: Callable[[dict], bool] | None = None,
+        trigger: str | None = None,
     ) -> tuple[Watcher, list[dict], int]:
         """Register a watcher. `since=None` returns the current objects (for synthetic ADDED);
         otherwise the retained events after `since` are queued. Raises ApiError(410) when
-        `since` is older than the log. `accepts` is the stream's selector (see `Watcher`).
-        Returns (watcher, initial objects, current rv)."""
-        watcher = Watcher(rt.key, namespace, accepts=accepts)
+        `since` is older than the log. `accepts` is the stream's selector, `trigger` the node
+        it selects (see `Watcher`). Returns (watcher, initial objects, current rv)."""
+        if trigger is not None and rt.key != PODS_KEY:
+            raise ValueError("only pod watches are indexed by node")
+        watcher = Watcher(rt.key, namespace, accepts=accepts, trigger=trigger)
         with self.lock:
             initial: list[dict] = []
             if since is None:
@@ -476,7 +523,10 @@ class Store:
                 for event in itertools.islice(self.log, start, None):
                     if event.key == rt.key and (namespace is None or event.namespace == namespace):
                         watcher.queue.append(event)
-            self.watchers.setdefault(rt.key, set()).add(watcher)
+            if trigger is None:
+                self.watchers.setdefault(rt.key, set()).add(watcher)
+            else:
+                self.triggered.setdefault(trigger, set()).add(watcher)
             return watcher, initial, self.rv
 
     def take(self, watcher: Watcher) -> tuple[list[Event], int]:
@@ -496,18 +546,26 @@ class Store:
 
     def stop_watch(self, watcher: Watcher) -> None:
         with self.lock:
-            self.watchers.get(watcher.key, set()).discard(watcher)
+            if watcher.trigger is None:
+                self.watchers.get(watcher.key, set()).discard(watcher)
+                return
+            same_node = self.triggered.get(watcher.trigger)
+            if same_node is not None:
+                same_node.discard(watcher)
+                if not same_node:
+                    del self.triggered[watcher.trigger]
 
     def end_watches(self, how: str) -> int:
         """End every open watch stream: how="drop" (connection cut) or "clean" (stream end)."""
         with self.lock:
             count = 0
-            for watchers in self.watchers.values():
+            for watchers in [*self.watchers.values(), *self.triggered.values()]:
                 for watcher in watchers:
                     watcher.ended = how
                     watcher.wake.set()
                     count += 1
                 watchers.clear()
+            self.triggered.clear()
             return count
 
     # -- reads ------------------------------------------------------------------------------
@@ -881,6 +939,32 @@ class Store:
             with self.lock:
                 if self.objects[rt.key].get(key) is stored:
                     return self._delete_now(rt, stored, dry_run, grace_seconds)
+
+    def delete_many(
+        self,
+        rt: ResourceType,
+        keys: list[tuple[str, str]],
+        dry_run: bool = False,
+        grace_seconds: int | None = None,
+    ) -> list[dict]:
+        """``deletecollection``'s deletions of ``keys`` ((namespace, name), in list order) that
+        no admission webhook needs to see, under one hold of the lock. Each object is still
+        deleted (or marked) as ``delete`` does it, with its own resourceVersions and events,
+        as kube-apiserver's registry deletes a collection item by item; one gone meanwhile is
+        skipped, as there. Returns the objects as the deletions left them.
+
+        One hold, not one per item: in a storm of 5,000 pods a hold per item let every
+        kubelet's and agent's request in between two items, and the call took 15-18 s; one
+        hold took it to 7 s, the watch index by node (``node_trigger``) to about 1 s."""
+        done = []
+        with self.lock:
+            for namespace, name in keys:
+                try:
+                    stored = self._deletable(rt, namespace, name, None)
+                except ApiError:
+                    continue
+                done.append(self._delete_now(rt, stored, dry_run, grace_seconds)[0])
+        return done
 
     def _deletable(
         self, rt: ResourceType, namespace: str, name: str, preconditions: dict | None
