@@ -125,6 +125,15 @@ class Slot(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["instance", "key"], name="uniq_slot"),
         ]
+        # A pod's slots (its page, the pod list's "slots held" column): without it a scan
+        # of every slot, 160,000 at 40,000 Instances. Free slots name no pod: left out.
+        indexes = [
+            models.Index(
+                fields=["pod_name", "pod_namespace"],
+                condition=~models.Q(pod_name=""),
+                name="slot_pod",
+            )
+        ]
         ordering = ["instance_id", "index"]
         permissions = [("release_slot", "Can release a slot by hand")]
 

@@ -14,10 +14,16 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from agent.queues.fastpath import WebhookApp, webhook_only  # noqa: E402
+from akri_site import env  # noqa: E402
 from akri_site.dashboard.origin import SameOriginValidator  # noqa: E402
 from akri_site.dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 ROLE = settings.AKRI_WEB_ROLE
+if ROLE != "webhook" and env.boolean("AKRI_WEB_PROCESS", False):
+    # runweb's workers (manage.py sets the variable): ready before the first page, not by it.
+    from akri_site.dashboard.warmup import warm_up  # noqa: E402
+
+    warm_up()
 if ROLE == "webhook":
     # runweb --webhook: the admission webhook alone; every other path is a 404, no websocket.
     application = webhook_only()

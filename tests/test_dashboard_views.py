@@ -23,6 +23,7 @@ from agent.models import (
     SyncState,
 )
 from akri_site.dashboard.sample import make_cluster
+from akri_site.dashboard.slotmap import PAGE
 
 pytestmark = pytest.mark.django_db
 
@@ -271,11 +272,11 @@ def test_a_small_slot_map_shows_no_summary(login, cluster):
 
 
 def test_a_slot_map_larger_than_a_page_opens_on_the_summary_and_pages(login):
-    make_cluster(instances=250, capacity=2, configuration="big-cams")
+    make_cluster(instances=PAGE + 50, capacity=2, configuration="big-cams")
     second = login("viewer").get("/slots/?page=2").content.decode()
     assert "Slots per Configuration" in second
     assert 'href="?configuration=big-cams"' in second
-    assert second.count("<tr data-instance=") == 250 - 200
+    assert second.count("<tr data-instance=") == 50
 
 
 def test_slot_map_of_2000_instances_renders_fast_in_a_fixed_number_of_queries(login):
@@ -292,7 +293,7 @@ def test_slot_map_of_2000_instances_renders_fast_in_a_fixed_number_of_queries(lo
     # A cache larger than one page opens on the summary, then the first page of rows.
     body = response.content.decode()
     assert "Slots per Configuration" in body
-    assert body.count("<td data-slot=") == 200 * 4
+    assert body.count("<td data-slot=") == PAGE * 4
     # Each Instance lists 20 nodes: its row names three and counts the rest.
     assert 'node-0, node-1, node-2 <span class="meta">and 17 more</span>' in body
     assert len(queries) <= 20
@@ -809,20 +810,20 @@ def test_a_costly_count_is_reused_for_a_few_times_its_cost_and_a_cheap_one_never
 
 
 def test_configuration_and_node_pages_show_one_page_of_instances_and_whole_counts(login):
-    make_cluster(instances=250, capacity=2, nodes=("node-a",), configuration="big-cams")
+    make_cluster(instances=PAGE + 50, capacity=2, nodes=("node-a",), configuration="big-cams")
     client = login("viewer")
 
     page = client.get("/configurations/default/big-cams/?page=2")
     assert page.status_code == 200
     body = page.content.decode()
     assert body.count('href="/instances/default/big-cams-') == 50
-    assert "Page 2 of 2 (250 in all)" in body
+    assert f"Page 2 of 2 ({PAGE + 50} in all)" in body
     held = Slot.objects.filter(instance__configuration_name="big-cams", level="IL").count()
     assert f'data-count="held">{held}<' in body  # the whole Configuration's, not the page's
 
     node = client.get("/nodes/node-a/")
     assert node.status_code == 200
-    assert node.content.decode().count("<tr data-instance=") == 200
+    assert node.content.decode().count("<tr data-instance=") == PAGE
     assert f"{held} slots ({held} Instance level, 0 Configuration level)" in node.content.decode()
 
     for url in ("/nodes/node-a/?page=x", "/configurations/default/big-cams/?page=9"):

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET
 from agent.models import Configuration, Instance, Pod, Slot, SlotEvent, SlotPodBinding
 from agent.queues.models import Charge, InstanceLabels, QueuePod, Refusal
 from agent.scheduling.models import PodVerdict
-from akri_site.dashboard import podstatus, queries
+from akri_site.dashboard import podstatus, queries, slotmap
 from akri_site.dashboard.access import can_release, viewer_required
 from akri_site.dashboard.forms import known_nodes
 from akri_site.dashboard.views import _render
@@ -76,8 +76,10 @@ def search_results(term: str) -> list[dict[str, Any]]:
             ],
         )
     )
-    # Nodes are few (hundreds), and some are known only as slot holders: match in Python.
-    nodes = sorted(n for n in known_nodes() if term.lower() in n.lower())
+    # Nodes are few (hundreds), and some are known only as slot holders: match in Python. The
+    # holders come from the kept slot counts (a DISTINCT over every slot cost 30-80 ms).
+    holders = slotmap.summary()["nodes"]
+    nodes = sorted(n for n in known_nodes(holders) if term.lower() in n.lower())
     groups.append(
         _group(
             "Nodes",

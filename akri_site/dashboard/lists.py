@@ -125,12 +125,7 @@ def configurations(request: HttpRequest) -> HttpResponse:
         elif data["status"] == "valid":
             qs = qs.filter(error="")
         counts = slotmap.summary()["configurations"]
-        per_config = dict(
-            Instance.objects.order_by()
-            .values_list("configuration_name")
-            .annotate(n=Count("id"))
-            .values_list("configuration_name", "n")
-        )
+        per_config = queries.instances_per_configuration()
         rows = list(
             qs.values(
                 "namespace", "name", "capacity", "unique_devices", "discovery_handler", "error"
@@ -228,6 +223,7 @@ _INSTANCE_COLUMNS = (
     "shared",
     "nodes",
     "created_at",
+    "cordon",  # the row says whether it is cordoned: one query per row when left deferred
 )
 
 

@@ -127,9 +127,15 @@ def _live_query(view: str, filters: dict[str, str], page: int = 1) -> str:
     return urlencode({"view": view, **filters, **({"page": page} if page > 1 else {})})
 
 
-def _filter_choices(counts: dict[str, Any] | None = None) -> dict[str, list[str]]:
+# Past this many nodes the node filter is a text field, not a list of every node (a thousand
+# options were 56 KB of the slot map); an unknown name is answered with its message.
+NODE_CHOICES = 100
+
+
+def _filter_choices(counts: dict[str, Any] | None = None) -> dict[str, Any]:
     """The filters' choices; ``counts`` (a ``slotmap.summary()``) names the Configurations
-    and holder nodes in use already, which spares two scans of a large cache."""
+    and holder nodes in use already, which spares two scans of a large cache. ``nodes`` is
+    None when there are more than NODE_CHOICES."""
     configurations = set(Configuration.objects.values_list("name", flat=True))
     if counts is None:
         in_use = Instance.objects.order_by().values_list("configuration_name").distinct()
@@ -138,7 +144,11 @@ def _filter_choices(counts: dict[str, Any] | None = None) -> dict[str, list[str]
     else:
         configurations.update(counts["configurations"])
         nodes = known_nodes(counts["nodes"])
-    return {"configurations": sorted(configurations), "nodes": sorted(nodes)}
+    return {
+        "configurations": sorted(configurations),
+        "nodes": sorted(nodes) if len(nodes) <= NODE_CHOICES else None,
+        "n_nodes": len(nodes),
+    }
 
 
 @require_GET
@@ -167,7 +177,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         # subscribe to the slot map's first page, which this page never shows).
         live_query=_live_query("overview", {}),
         **chart,
-        **queries.overview(),
+        **queries.overview(request.sorts["node_sort"]),
     )
 
 
@@ -211,9 +221,20 @@ def slot_map(request: HttpRequest) -> HttpResponse:
         shown=sum(len(i["match"]) for i in instances),
         summary=counts,
         summary_from=SLOT_MAP_PAGE,
-        instance_total=Instance.objects.count(),
+        summary_nodes=_most_held(counts["nodes"]),
+        # Unfiltered, the pages count every Instance already (a count of 40,000 rows).
+        instance_total=page.paginator.count if not filters else Instance.objects.count(),
         **context,
     )
+
+
+# Nodes the slot map's summary names (the most held first); the Nodes list has them all.
+SUMMARY_NODES = 48
+
+
+def _most_held(nodes: dict[str, dict[str, int]]) -> list[tuple[str, dict[str, int]]]:
+    """The SUMMARY_NODES nodes holding the most slots, by name where they hold as many."""
+    return sorted(nodes.items(), key=lambda item: (-item[1]["held"], item[0]))[:SUMMARY_NODES]
 
 
 def _object_events(
