@@ -40,7 +40,8 @@ KEYS = {
     "lists": {"configurations_ms", "instances_ms", "nodes_ms", "pods_ms", "brokers_ms", "max_ms"},
     "brokers": {"converge_s", "duplicates", "api_writes_per_object"},
     "web": {"rps", "p95_ms", "cores_busy", "errors"},
-    "scale": {"sync_s", "rss_mb", "lag_p95_ms", "backlog_end", "dropped", "slotmap_ms"},
+    "scale": {"sync_s", "rss_mb", "lag_p95_ms", "changes_per_s", "backlog_end", "late", "lost"}
+    | {"slotmap_ms"},
     "failover": {"p95_s", "dual_leader_writes"},
     "extender-filter": {"p95_ms"},
     "schedule-storm": {"admission_errors", "overbooked", "rescheduled_s"},
@@ -84,7 +85,8 @@ def test_benchmark_prints_its_summary_line(name, tmp_path):
     if name == "web":
         assert figures["errors"] == "0", last  # every request answered 200
     if name == "scale":
-        assert figures["dropped"] == "0", last
+        failed = (figures["lost"], figures["write_errors"], figures["batch_fallbacks"])
+        assert failed == ("0", "0", "0"), last
     if name == "failover":
         assert figures["dual_leader_writes"] == "0", last
     if name == "schedule-storm":

@@ -13,7 +13,7 @@ from agent.bench.claims import instance_body
 from agent.kube import cache
 from agent.kube.client import AkriApi
 from agent.kube.watch import CacheSync
-from agent.models import Configuration, Instance, Slot, SyncState
+from agent.models import Configuration, Instance, Slot, SlotEvent, SyncState
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.kube]
 
@@ -373,3 +373,72 @@ def test_the_cache_takes_long_strings_the_api_server_accepts_and_the_watch_goes_
     assert Configuration.objects.get(name="long-handler").discovery_handler == long_handler
     assert Instance.objects.get(name="long-000001").cdi_name.endswith("c" * 3_000)
     assert sync.apply_failures == 0
+
+
+def _version(namespace: str, name: str, rv: int, capacity: int = 2, **usage: str) -> dict:
+    """Version ``rv`` of Instance ``name``; ``s0="node-a"``: slot 0 held by node-a."""
+    obj = instance_body(name, capacity)
+    obj["metadata"].update(namespace=namespace, resourceVersion=str(rv), uid=f"uid-{name}")
+    obj["spec"]["deviceUsage"].update({f"{name}-{k[1:]}": v for k, v in usage.items()})
+    return obj
+
+
+def _changes(namespace: str) -> list[tuple]:
+    """A run of watch events and our own answers over a few Instances of ``namespace``:
+    created, claimed, released, resized, deleted and created again; an answer ahead of its
+    echo, an older event skipped meanwhile, the echo; a replay; an Instance known before."""
+    ns = namespace
+    mine = cache.Attribution("allocate", "agent:node-a", node="node-a", pod="p1")
+    return [
+        ("event", "ADDED", _version(ns, "eq-a", 10)),
+        ("event", "MODIFIED", _version(ns, "eq-a", 11, s0="node-a")),
+        ("event", "MODIFIED", _version(ns, "eq-b", 12, s1="node-b")),
+        ("event", "MODIFIED", _version(ns, "eq-a", 13, 3, s1="C:0:node-a")),
+        ("direct", _version(ns, "eq-c", 20, s0="node-a"), {"eq-c-0": mine}),
+        ("event", "MODIFIED", _version(ns, "eq-c", 19)),  # older than our answer: skipped
+        ("event", "MODIFIED", _version(ns, "eq-c", 20, s0="node-a")),  # its echo
+        ("event", "MODIFIED", _version(ns, "eq-c", 21, s0="node-a", s1="node-a")),
+        ("event", "MODIFIED", _version(ns, "eq-c", 21, s0="node-a", s1="node-a")),  # a replay
+        ("event", "DELETED", _version(ns, "eq-a", 14, 3, s1="C:0:node-a")),
+        ("event", "ADDED", _version(ns, "eq-a", 15, s0="node-b")),
+        ("event", "MODIFIED", _version(ns, "eq-b", 16)),
+    ]
+
+
+def _state(namespace: str) -> tuple:
+    rows = Instance.objects.filter(namespace=namespace).order_by("name")
+    slots = Slot.objects.filter(instance__namespace=namespace).order_by("instance__name", "key")
+    events = SlotEvent.objects.filter(namespace=namespace).order_by("id")
+    return (
+        list(
+            rows.values_list("name", "resource_version", "capacity", "device_usage", "pending_rv")
+        ),
+        list(slots.values_list("instance__name", "key", "index", "value", "level", "holder_node")),
+        list(events.values_list("instance", "slot", "before", "after", "cause", "actor", "pod")),
+    )
+
+
+def test_a_batch_leaves_the_cache_as_its_changes_applied_one_by_one_would(kube, monkeypatch):
+    """The same run of changes, applied one per transaction in one namespace and as one batch
+    in another, leaves the same rows, the same slot events in the same order, and tells
+    subscribers the same things."""
+    told: dict[str, list] = {"one": [], "all": []}
+    syncs = {}
+    for namespace, seen in told.items():
+        sync = syncs[namespace] = CacheSync(kube.new_client(), namespace, owner=namespace)
+        cache.apply_instance(_version(namespace, "eq-b", 5))  # known before the run
+        sync.expect("eq-b", "eq-b-1", "node-b", cache.Attribution("allocate", "agent:node-b"))
+        sync.subscribe(lambda kind, name, obj, seen=seen: seen.append((kind, name, obj)))
+        monkeypatch.setattr(sync.instances, "relist_soon", lambda: pytest.fail("relisted"))
+
+    for item in _changes("one"):
+        syncs["one"]._apply_until_done(item)
+    syncs["all"]._apply_batch(_changes("all"))
+
+    assert syncs["all"].batch_fallbacks == 0 and not syncs["all"]._carry
+    assert syncs["one"].apply_failures == syncs["all"].apply_failures == 0
+    one = _state("one")
+    assert len(one[2]) == 8, one[2]  # the run records changes (so this test can fail)
+    assert _state("all") == one
+    rv = [[(k, n, o and o["metadata"]["resourceVersion"]) for k, n, o in told[ns]] for ns in told]
+    assert rv[0] == rv[1]

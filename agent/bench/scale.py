@@ -7,14 +7,29 @@ store: creating 50,000 objects over HTTP would take minutes and time the simulat
 database of the benchmark's own (a fresh PostgreSQL database next to ``DATABASE_URL``'s when
 that is set, else a fresh SQLite file), so no one's cache is touched. Figures:
 
-- ``sync_s``: controller start -> every Instance and every pod in the cache;
-- ``rss_mb``: the controller's peak RSS over the whole run;
-- ``lag_p95_ms``: a ``deviceUsage`` write acknowledged by the API server -> the cache row at
-  that version, while writes arrive at ``rate`` per second for ``seconds``;
-- ``backlog_end``: writes not yet in the cache one second after the last one;
-- ``dropped``: writes still not in the cache 30 s after the last one;
-- ``slotmap_ms``: server time of the slot map's first page, median of five (Django's test
-  client in a process on the same database).
+- ``sync_s``: controller start -> every Instance, pod and node in the cache and every
+  watcher's list done, on an empty database; the cache is then checked against the API server;
+- ``resync_s``: the controller restarted on that warm database, its stored resourceVersions
+  dropped (as after a restart the API server's history has moved past) so that every watcher
+  lists again, -> listed and in the cache, checked again; ``resync_rss_mb`` its peak RSS;
+- ``rss_mb``: the first controller's peak RSS over the whole run (before the restart);
+- change rate: a writer process of its own sends ``rate`` writes a second for ``seconds``, open
+  loop, each a real change (a JSON patch that tests a slot's value and flips it between free
+  and held). ``offered_per_s``: writes the API server accepted, per second of writing;
+  ``changes_per_s``: changes that reached the cache (their SlotEvent row readable), per second
+  from the first write's due time to the last arrival; ``lag_p50_ms``/``lag_p95_ms``: the API
+  server's answer -> that change's SlotEvent row; ``backlog_end``: changes not in the cache one
+  second after the last write; ``late``: arrived more than 30 s after the last write; ``lost``:
+  never arrived. Then the whole cache is compared with the API server (a difference fails the
+  bench). ``*_cpu_ms_per_change``: the CPU the controller, its PostgreSQL backends, the API
+  server (the simulator: the writes and their watch) and the writer spent per change, which
+  says which of them sets the pace when ``changes_per_s`` falls short of ``offered_per_s``;
+- pages (``akri_site.dashboard.pagebench``), after the change rate, on the same database:
+  the overview, the slot map's first page, a search and each list page, each through Django's
+  test client in a fresh process (warmed up as ``runweb`` warms up): ``<page>_cold_ms`` its
+  first request, ``<page>_expired_ms`` once the kept counts are due, ``<page>_warm_ms`` the
+  median of five more, ``<page>_bytes`` and ``<page>_queries``; ``pages_over`` names those over
+  their target; ``slotmap_ms``/``slotmap_bytes`` the slot map's warm figures, as before.
 """
 
 from __future__ import annotations
@@ -41,13 +56,14 @@ import psutil
 from django.conf import settings
 from kubernetes import client
 
-from agent.bench import percentile
+from agent.bench import percentile, summary
 from agent.domain.naming import slot_key
 from agent.kube.client import GROUP, INSTANCES, VERSION, new_api_client
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 SLOTS = 4
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
 # --- the cluster, in the simulator's process ---------------------------------------------------
@@ -180,7 +196,8 @@ class BenchDatabase:
             import psycopg
 
             with psycopg.connect(self.url, autocommit=True) as conn:
-                return conn.execute(sql.replace("?", "%s"), params).fetchall()
+                cursor = conn.execute(sql.replace("?", "%s"), params)
+                return cursor.fetchall() if cursor.description else []  # [] after an UPDATE
         with sqlite3.connect(self.path, timeout=30) as conn:
             return conn.execute(sql, params).fetchall()
 
@@ -285,151 +302,454 @@ def _count(db: BenchDatabase, namespace: str) -> tuple[int, int]:
     return i, p
 
 
-def _cached_versions(db: BenchDatabase, namespace: str, names: list[str]) -> dict[str, str]:
-    from agent.models import Instance
+def _controller_states(db: BenchDatabase) -> dict[str, tuple[int, bool]]:
+    """The controller's watchers: kind -> (relists, still listing)."""
+    from agent.models import SyncState
 
-    if not names:
+    try:
+        rows = db.query(
+            f"SELECT kind, relists, listing_since FROM {SyncState._meta.db_table} "
+            "WHERE owner = 'controller'"
+        )
+    except Exception:  # tables not there yet, or a lock: ask again
         return {}
-    marks = ",".join("?" for _ in names)
-    rows = db.query(
-        f"SELECT name, resource_version FROM {Instance._meta.db_table} "
-        f"WHERE namespace = ? AND name IN ({marks})",
-        (namespace, *names),
+    return {kind: (relists, since is not None) for kind, relists, since in rows}
+
+
+def _listed(states: dict[str, tuple[int, bool]], kinds: list[str], after: dict) -> bool:
+    """Each of ``kinds`` has listed more often than in ``after`` and is not listing now."""
+    for kind in kinds:
+        relists, listing = states.get(kind, (0, True))
+        if listing or relists <= after.get(kind, (0, False))[0]:
+            return False
+    return True
+
+
+def _api_items(list_func: Any, *args: Any) -> Iterator[dict[str, Any]]:
+    """Every object ``list_func`` lists, page by page, as the JSON the API server sent."""
+    token = ""
+    while True:
+        page = {"limit": 500, "_continue": token} if token else {"limit": 500}
+        answer = json.loads(list_func(*args, _preload_content=False, **page).data)
+        yield from answer.get("items") or []
+        token = (answer.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return
+
+
+def _check_cache(db: BenchDatabase, kubeconfig: Path, namespace: str) -> None:
+    """The cache against the API server, read apart from the controller: every Instance at the
+    listed resourceVersion with each slot's value, every pod (the controller's and the queue
+    charges' copies) and every node. Call when no writes are in flight; differences raise."""
+    from agent.models import Instance, Node, Pod, Slot
+    from agent.queues.models import QueuePod
+
+    api = new_api_client(str(kubeconfig))
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    listed = _api_items(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, INSTANCES)
+    want_rv, want_slots, want_usage = {}, {}, {}
+    for obj in listed:
+        name = obj["metadata"]["name"]
+        want_rv[name] = obj["metadata"]["resourceVersion"]
+        want_usage[name] = _usage_text(obj["spec"].get("deviceUsage") or {})
+        for key, value in (obj["spec"].get("deviceUsage") or {}).items():
+            want_slots[(name, key)] = value
+    pods = {
+        o["metadata"]["name"]: o["spec"].get("nodeName") or ""
+        for o in _api_items(core.list_namespaced_pod, namespace)
+    }
+    nodes = {o["metadata"]["name"] for o in _api_items(core.list_node)}
+    api.close()
+    inst, slot = Instance._meta.db_table, Slot._meta.db_table
+    have_rv = dict(
+        db.query(f"SELECT name, resource_version FROM {inst} WHERE namespace = ?", (namespace,))
     )
-    return dict(rows)
+    have_usage = {
+        name: _usage_text(usage)
+        for name, usage in db.query(
+            f"SELECT name, device_usage FROM {inst} WHERE namespace = ?", (namespace,)
+        )
+    }
+    have_slots = {
+        (name, key): value
+        for name, key, value in db.query(
+            f"SELECT i.name, s.key, s.value FROM {slot} s JOIN {inst} i ON s.instance_id = i.id "
+            "WHERE i.namespace = ?",
+            (namespace,),
+        )
+    }
+    have_pods = dict(
+        db.query(
+            f"SELECT name, node_name FROM {Pod._meta.db_table} WHERE namespace = ?", (namespace,)
+        )
+    )
+    queue_pods = dict(
+        db.query(
+            f"SELECT name, node_name FROM {QueuePod._meta.db_table} WHERE namespace = ?",
+            (namespace,),
+        )
+    )
+    have_nodes = {
+        n for (n,) in db.query(f"SELECT name FROM {Node._meta.db_table} WHERE NOT deleted")
+    }
+    wrong = [
+        f"{what}: {len(set(want.items()) ^ set(have.items()))} differ, e.g. "
+        f"{sorted(set(want.items()) ^ set(have.items()))[:3]}"
+        for what, want, have in (
+            ("instance versions", want_rv, have_rv),
+            ("slot values", want_slots, have_slots),
+            ("Instance rows' deviceUsage", want_usage, have_usage),
+            ("pods", pods, have_pods),
+            ("queue pods", pods, queue_pods),
+            ("nodes", dict.fromkeys(nodes), dict.fromkeys(have_nodes)),
+        )
+        if want != have
+    ]
+    if wrong:
+        raise RuntimeError("the cache does not match the API server: " + "; ".join(wrong))
 
 
-def _newer_or_same(cached: str | None, written: str) -> bool:
-    if not cached:
-        return False
-    if cached.isdigit() and written.isdigit():
-        return int(cached) >= int(written)
-    return cached == written
+def _usage_text(usage: dict[str, str] | str) -> str:
+    """A deviceUsage as comparable text (PostgreSQL's driver reads JSON, SQLite's a string)."""
+    return json.dumps(json.loads(usage) if isinstance(usage, str) else usage, sort_keys=True)
+
+
+# --- the change driver -----------------------------------------------------------------------------
+
+# The slot the driver writes: free in every seeded Instance and written by no one else, so the
+# writer knows its value and each write can be made a real change (tested by the API server).
+DRIVEN_SLOT = SLOTS - 1
+WRITERS = 32  # connections in the writer process; each owns its share of the Instances
+# A change that reaches the cache later than this after the last write is ``late``; one that
+# has not arrived once arrivals stop for ``SETTLE_QUIET_S`` is ``lost``.
+LATE_AFTER_S = 30.0
+SETTLE_QUIET_S = 15.0
+POLL_S = 0.005
+
+
+def _write_changes(
+    conn: Any, port: int, namespace: str, instances: int, nodes: int, rate: float, seconds: float
+) -> None:
+    """Process target: the writer, open loop. Write ``k`` is due at ``start + k / rate``
+    whatever became of the ones before; each flips the driven slot of an Instance between free
+    and held with a JSON patch that tests the value first, so the API server itself refuses a
+    write that would change nothing. Sends back (name, resourceVersion, acknowledged at) per
+    write, with ``time.monotonic`` (one clock for every process of the machine)."""
+    start = conn.recv()
+    acks: list[list[tuple[str, str, float]]] = [[] for _ in range(WRITERS)]
+    errors = [0] * WRITERS
+    threads = [
+        threading.Thread(
+            target=_writer,
+            args=(w, port, namespace, instances, nodes, rate, start, seconds, acks[w], errors),
+        )
+        for w in range(WRITERS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    conn.send({"acks": [a for part in acks for a in part], "errors": sum(errors)})
+
+
+def _writer(
+    w: int,
+    port: int,
+    namespace: str,
+    instances: int,
+    nodes: int,
+    rate: float,
+    start: float,
+    seconds: float,
+    acks: list[tuple[str, str, float]],
+    errors: list[int],
+) -> None:
+    import http.client
+
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{INSTANCES}/"
+    mine = range(w, instances, WRITERS)  # no two connections write one Instance
+    values: dict[int, str] = {}  # the driven slot's value, as the API server last said
+    rng = random.Random(w)
+    api = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    k = w
+    while True:
+        due = start + k / rate
+        if due >= start + seconds:
+            break
+        k += WRITERS
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        i = rng.choice(mine)
+        name, key = _instance(i), slot_key(_instance(i), DRIVEN_SLOT)
+        old = values.get(i, "")
+        new = "" if old else _node(i % nodes)
+        pointer = f"/spec/deviceUsage/{key}"
+        body = json.dumps(
+            [
+                {"op": "test", "path": pointer, "value": old},
+                {"op": "replace", "path": pointer, "value": new},
+            ]
+        )
+        try:
+            api.request("PATCH", path + name, body, {"Content-Type": JSON_PATCH})
+            answer = api.getresponse()
+            acked = time.monotonic()
+            data = answer.read()
+            obj = json.loads(data)
+            if answer.status != 200 or obj["spec"]["deviceUsage"].get(key) != new:
+                raise RuntimeError(f"{answer.status} {data[:200]!r}")
+        except Exception:
+            errors[w] += 1
+            api.close()
+            values[i] = _read_slot(api, path + name, key)  # what it is now, whatever happened
+            continue
+        values[i] = new
+        acks.append((name, obj["metadata"]["resourceVersion"], acked))
+    api.close()
+
+
+def _read_slot(api: Any, path: str, key: str) -> str:
+    api.request("GET", path)
+    return json.loads(api.getresponse().read())["spec"]["deviceUsage"].get(key, "")
 
 
 class ChangeDriver:
-    """Writes ``rate`` deviceUsage changes a second and times each one into the cache."""
+    """Real ``deviceUsage`` changes at ``rate`` a second from a writer process of its own, each
+    timed from the API server's answer until its SlotEvent row (written in the transaction
+    that writes the cache row) can be read."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, instances: int, nodes: int) -> None:
-        self.kubeconfig = kubeconfig
-        self.namespace = namespace
-        self.instances = instances
-        self.nodes = nodes
-        self.pending: dict[str, tuple[str, float]] = {}  # name -> (rv, acknowledged at)
-        self.lags: list[float] = []
-        self.lock = threading.Lock()
-        self.written = 0
+    def __init__(self, db: BenchDatabase, port: int, namespace: str, instances: int, nodes: int):
+        from agent.models import SlotEvent
+
+        self.db, self.port, self.namespace = db, port, namespace
+        self.instances, self.nodes = instances, nodes
+        self.events = SlotEvent._meta.db_table
+        self.seen: dict[tuple[str, str], float] = {}  # (instance, rv) -> first read at
+        self.duplicates = 0  # events of one write recorded twice
+        self.acks: list[tuple[str, str, float]] = []
         self.errors = 0
+        self._conn = None
+        (self._last_id,) = self._query(f"SELECT COALESCE(MAX(id), 0) FROM {self.events}")[0]
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, daemon=True)
 
-    def write(self, rate: float, seconds: float, writers: int = 4) -> None:
-        interval = writers / rate
-        start = time.monotonic()
-        threads = [
-            threading.Thread(target=self._writer, args=(w, start + w / rate, interval, seconds))
-            for w in range(writers)
+    def run(self, rate: float, seconds: float) -> tuple[float, float]:
+        """Write for ``seconds``; returns (first due, writer process CPU seconds)."""
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        args = (child, self.port, self.namespace, self.instances, self.nodes, rate, seconds)
+        writer = ctx.Process(target=_write_changes, args=args, daemon=True)
+        writer.start()
+        self._poller.start()
+        start = time.monotonic() + 1.0  # past the child's imports
+        parent.send(start)
+        cpu = 0.0
+        while not parent.poll(0.2):
+            if not writer.is_alive():
+                raise RuntimeError(f"the writer process exited with {writer.exitcode}")
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(writer.pid).cpu_times()
+                cpu = times.user + times.system
+        answer = parent.recv()
+        writer.join(timeout=10)
+        self.acks, self.errors = answer["acks"], answer["errors"]
+        return start, cpu
+
+    def missing(self) -> int:
+        return sum(1 for name, rv, _ in self.acks if (name, rv) not in self.seen)
+
+    def settle(self, last_write: float) -> tuple[int, int]:
+        """Wait for every write's change; (late, lost): arrived more than ``LATE_AFTER_S`` after
+        the last write, never arrived (nothing new for ``SETTLE_QUIET_S``)."""
+        count, moved = len(self.seen), time.monotonic()
+        while self.missing() and time.monotonic() - moved < SETTLE_QUIET_S:
+            time.sleep(0.1)
+            if len(self.seen) != count:
+                count, moved = len(self.seen), time.monotonic()
+        self._stop.set()
+        self._poller.join()
+        self._take()  # anything the last poll missed (timed late, never early)
+        deadline = last_write + LATE_AFTER_S
+        late = sum(1 for name, rv, _ in self.acks if self.seen.get((name, rv), 0) > deadline)
+        return late, self.missing()
+
+    def lags_ms(self) -> list[float]:
+        # A change read before its writer noted the answer (the writer process not scheduled
+        # for a moment) counts as no lag, not as a negative one.
+        return [
+            max(0.0, self.seen[(name, rv)] - at) * 1000
+            for name, rv, at in self.acks
+            if (name, rv) in self.seen
         ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
 
-    def _writer(self, w: int, first: float, interval: float, seconds: float) -> None:
-        custom = client.CustomObjectsApi(new_api_client(str(self.kubeconfig)))
-        rng = random.Random(w)
-        at = first
-        end = first + seconds
-        while at < end:
-            delay = at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            i = rng.randrange(self.instances)
-            name = _instance(i)
-            value = _node(i % self.nodes) if rng.random() < 0.5 else ""
-            body = {"spec": {"deviceUsage": {slot_key(name, SLOTS - 1): value}}}
-            try:
-                obj = custom.patch_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, INSTANCES, name, body
-                )
-            except Exception:
-                with self.lock:
-                    self.errors += 1
-            else:
-                now = time.monotonic()
-                with self.lock:
-                    self.pending[name] = (obj["metadata"]["resourceVersion"], now)
-                    self.written += 1
-            at += interval
+    def last_arrival(self) -> float:
+        arrived = [self.seen[(name, rv)] for name, rv, _ in self.acks if (name, rv) in self.seen]
+        return max(arrived, default=0.0)
 
-    def poll(self, db: BenchDatabase) -> int:
-        """Take what the cache caught up with; the number still pending."""
-        with self.lock:
-            waiting = dict(self.pending)
-        cached = _cached_versions(db, self.namespace, list(waiting))
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            with contextlib.suppress(Exception):  # a busy database: ask again
+                self._take()
+
+    def _take(self) -> None:
+        # Only the controller's applier writes these rows, one transaction after another, so
+        # ids become visible in order and "above the last one read" misses none.
+        rows = self._query(
+            f"SELECT id, instance, slot, resource_version FROM {self.events} "
+            "WHERE id > ? AND namespace = ? ORDER BY id",
+            (self._last_id, self.namespace),
+        )
         now = time.monotonic()
-        with self.lock:
-            for name, (rv, at) in waiting.items():
-                if self.pending.get(name) == (rv, at) and _newer_or_same(cached.get(name), rv):
-                    self.lags.append((now - at) * 1000)
-                    del self.pending[name]
-            return len(self.pending)
+        for event_id, instance, slot, rv in rows:
+            self._last_id = event_id
+            if slot != slot_key(instance, DRIVEN_SLOT):
+                continue
+            if (instance, rv) in self.seen:
+                self.duplicates += 1
+            else:
+                self.seen[(instance, rv)] = now
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """On one connection kept open (a connection per poll costs PostgreSQL a process)."""
+        if self._conn is None:
+            if self.db.postgres:
+                import psycopg
+
+                self._conn = psycopg.connect(self.db.url, autocommit=True)
+            else:
+                self._conn = sqlite3.connect(self.db.path, timeout=30, check_same_thread=False)
+        if self.db.postgres:
+            sql = sql.replace("?", "%s")
+        return self._conn.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
-def _poll_until(driver: ChangeDriver, db: BenchDatabase, stop: threading.Event) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(Exception):  # a busy database: ask again
-            driver.poll(db)
-        stop.wait(0.01)
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
-SLOTMAP_PROBE = """
-import sys, time, django
-django.setup()
-from django.contrib.auth.models import User
-from django.test import Client
-user, _ = User.objects.get_or_create(username="scale-bench", defaults={"is_superuser": True})
-user.is_superuser = True
-user.save()
-client = Client()
-client.force_login(user)
-times = []
-for _ in range(5):
-    start = time.perf_counter()
-    answer = client.get("/slots/")
-    times.append((time.perf_counter() - start) * 1000)
-    assert answer.status_code == 200, answer.status_code
-times.sort()
-print(f"{times[2]:.1f} {len(answer.content)}")
-"""
+def _batch_fallbacks(metrics_port: int) -> int:
+    """The controller's batches of changes applied one by one after failing as one (its
+    ``/metrics``): each is a bug, and costs a transaction per change."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("akri_cache_batch_fallbacks_total{")
+        )
+    )
 
 
-def _slotmap_ms(db: BenchDatabase) -> tuple[float, int]:
-    env = db.env() | {"DJANGO_SETTINGS_MODULE": "akri_site.settings"}
-    out = subprocess.run(
-        [sys.executable, "-c", SLOTMAP_PROBE],
-        cwd=BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    ).stdout.split()
-    return float(out[0]), int(out[1])
+def _database_cpu(db: BenchDatabase) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL process serving the bench's database (none on SQLite)."""
+    if not db.postgres:
+        return {}
+    found = {}
+    for (pid,) in db.query("SELECT pid FROM pg_stat_activity WHERE datname = ?", (db.tag,)):
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            found[pid] = times.user + times.system
+    return found
+
+
+def _cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def _drive_changes(
+    db: BenchDatabase,
+    port: int,
+    namespace: str,
+    sizes: tuple[int, int],
+    rate: float,
+    seconds: float,
+    pids: tuple[int, int],
+) -> dict[str, object]:
+    """The change-rate figures: ``rate`` real changes a second for ``seconds`` against the
+    controller (``pids``: the controller's, the simulator's), each timed into the cache."""
+    driver = ChangeDriver(db, port, namespace, *sizes)
+    controller, simulator = pids
+    cpu = (_cpu(controller), _cpu(simulator), _database_cpu(db))
+    try:
+        start, writer_cpu = driver.run(rate, seconds)
+        last_write = max((at for _, _, at in driver.acks), default=start)
+        time.sleep(max(0.0, last_write + 1.0 - time.monotonic()))
+        backlog_end = driver.missing()
+        late, lost = driver.settle(last_write)
+    finally:
+        driver.close()
+    end = max(driver.last_arrival(), last_write)
+    spent = (_cpu(controller) - cpu[0], _cpu(simulator) - cpu[1])
+    database = _database_cpu(db)
+    spent_db = sum(t - cpu[2][pid] for pid, t in database.items() if pid in cpu[2])
+    changes = len(driver.acks)
+    if changes < rate * seconds * 0.99:
+        raise RuntimeError(f"only {changes} of {rate * seconds:.0f} writes went through")
+    if driver.duplicates:
+        raise RuntimeError(f"{driver.duplicates} changes were recorded twice")
+    arrived = changes - lost
+    lags = driver.lags_ms()
+    return {
+        "rate": rate,
+        "offered_per_s": changes / max(last_write - start, 1e-9),
+        "changes": changes,
+        "changes_per_s": arrived / max(end - start, 1e-9),
+        "lag_p50_ms": percentile(lags, 50),
+        "lag_p95_ms": percentile(lags, 95),
+        "lag_max_ms": max(lags, default=0.0),
+        "backlog_end": backlog_end,
+        "late": late,
+        "lost": lost,
+        "write_errors": driver.errors,
+        "controller_cpu_ms_per_change": spent[0] * 1000 / max(arrived, 1),
+        "db_cpu_ms_per_change": spent_db * 1000 / max(arrived, 1),
+        "simulator_cpu_ms_per_change": spent[1] * 1000 / max(changes, 1),
+        "writer_cpu_ms_per_change": writer_cpu * 1000 / max(changes, 1),
+    }
+
+
+def _page_figures(db: BenchDatabase, stdout: Any, quick: bool) -> dict[str, object]:
+    """Every page's figures on the controller's database, each page checked against it."""
+    from akri_site.dashboard.pagebench import time_pages
+
+    figures = time_pages(db.env(), db.query, rounds=2 if quick else 5, stdout=stdout)
+    return {
+        "slotmap_ms": figures["slotmap_warm_ms"],
+        "slotmap_bytes": figures["slotmap_bytes"],
+        **figures,
+    }
 
 
 # --- the benchmark ---------------------------------------------------------------------------------
 
 
-def bench_scale(quick: bool = False, stdout: Any = None) -> dict[str, object]:
+def bench_scale(
+    quick: bool = False, stdout: Any = None, rate: int | None = None
+) -> dict[str, object]:
     instances, nodes = (2000, 50) if quick else (40000, 1000)
-    rate, seconds = (50.0, 3.0) if quick else (200.0, 30.0)
+    seconds = 3.0 if quick else 30.0
+    rate = float(rate or (100 if quick else 1000))
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
     db = BenchDatabase()
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     server = ctx.Process(target=_serve, args=(child, namespace, instances, nodes), daemon=True)
     controller = None
+    from agent.models import SyncState
+
     try:
-        env = db.env()
+        env = db.env() | {"METRICS_PORT": str(_free_port())}  # for its fallback counter
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "--verbosity=0"],
             cwd=BASE_DIR,
@@ -441,56 +761,48 @@ def bench_scale(quick: bool = False, stdout: Any = None) -> dict[str, object]:
         kubeconfig = Path(tempfile.gettempdir()) / f"{db.tag}.kubeconfig"
         kubeconfig.write_text(json.dumps(_kubeconfig(port)))
         started = time.monotonic()
-        controller = subprocess.Popen(
-            [
-                sys.executable,
-                "manage.py",
-                "runcontroller",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--namespace",
-                namespace,
-            ],  # fmt: skip
-            cwd=BASE_DIR,
-            env=env | {"LOG_LEVEL": "WARNING"},
-            stdout=subprocess.DEVNULL,
-        )
+        controller = _start_controller(env, kubeconfig, namespace)
         sampler = RssSampler(controller.pid)
         sampler.start()
-        sync_s = _wait_synced(db, namespace, instances, started, controller)
+        sync_s = _wait_synced(db, namespace, (instances, instances, nodes), {}, started, controller)
         sync_cpu_s = sampler.cpu
-        driver = ChangeDriver(kubeconfig, namespace, instances, nodes)
-        stop = threading.Event()
-        poller = threading.Thread(target=_poll_until, args=(driver, db, stop), daemon=True)
-        poller.start()
-        driver.write(rate, seconds)
-        time.sleep(1.0)
-        backlog_end = len(driver.pending)
-        deadline = time.monotonic() + 30
-        while driver.pending and time.monotonic() < deadline:
-            time.sleep(0.1)
-        stop.set()
-        poller.join()
-        dropped = driver.poll(db)
-        slotmap_ms, page_bytes = _slotmap_ms(db)
+        _check_cache(db, kubeconfig, namespace)
+        pids = (controller.pid, server.pid)
+        changes = _drive_changes(db, port, namespace, (instances, nodes), rate, seconds, pids)
+        changes["batch_fallbacks"] = _batch_fallbacks(int(env["METRICS_PORT"]))
+        _check_cache(db, kubeconfig, namespace)  # every change in, none of them wrong
+        if stdout is not None:  # said now: the steps after this one take minutes
+            stdout.write(summary("changes", changes))
+        pages = _page_figures(db, stdout, quick)
         sampler.stop()
-        if driver.written < rate * seconds * 0.9:
-            raise RuntimeError(f"only {driver.written} of {rate * seconds:.0f} writes went out")
+        # A restart on the warm database, every watcher listing again: what is listed is
+        # compared with what the cache holds, and only what differs is written.
+        controller.terminate()
+        controller.wait(timeout=60)
+        before = _controller_states(db)
+        db.query(
+            f"UPDATE {SyncState._meta.db_table} SET resource_version = '' WHERE owner = 'controller'"
+        )
+        started = time.monotonic()
+        controller = _start_controller(env, kubeconfig, namespace)
+        resampler = RssSampler(controller.pid)
+        resampler.start()
+        counts = (instances, instances, nodes)
+        resync_s = _wait_synced(db, namespace, counts, before, started, controller)
+        resync_cpu_s = resampler.cpu
+        resampler.stop()
+        _check_cache(db, kubeconfig, namespace)
         return {
             "instances": instances,
             "nodes": nodes,
             "sync_s": sync_s,
             "sync_cpu_s": sync_cpu_s,
             "rss_mb": sampler.peak / 2**20,
-            "lag_p50_ms": percentile(driver.lags, 50),
-            "lag_p95_ms": percentile(driver.lags, 95),
-            "rate": rate,
-            "writes": driver.written,
-            "write_errors": driver.errors,
-            "backlog_end": backlog_end,
-            "dropped": dropped,
-            "slotmap_ms": slotmap_ms,
-            "slotmap_bytes": page_bytes,
+            "resync_s": resync_s,
+            "resync_cpu_s": resync_cpu_s,
+            "resync_rss_mb": resampler.peak / 2**20,
+            **changes,
+            **pages,
             "database": "postgresql" if db.postgres else "sqlite",
             "broker": "redis" if db.redis_url else "in-process",
         }
@@ -517,17 +829,43 @@ def _wait_port(conn: Any, server: Any) -> int:
     return conn.recv()["port"]
 
 
+def _start_controller(env: dict[str, str], kubeconfig: Path, namespace: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "runcontroller", "--kubeconfig", str(kubeconfig),
+         "--namespace", namespace],
+        cwd=BASE_DIR,
+        env=env | {"LOG_LEVEL": "WARNING"},
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+# The controller's watchers whose lists make up its sync.
+SYNC_KINDS = ("{}/configurations", "{}/instances", "pods", "nodes")
+
+
 def _wait_synced(
-    db: BenchDatabase, namespace: str, instances: int, started: float, proc: subprocess.Popen
+    db: BenchDatabase,
+    namespace: str,
+    counts: tuple[int, int, int],
+    before: dict[str, tuple[int, bool]],
+    started: float,
+    proc: subprocess.Popen,
 ) -> float:
+    """Seconds from ``started`` until the cache holds ``counts`` (Instances, pods, nodes) and
+    each of the sync's watchers has listed once more than in ``before`` and is done."""
+    from agent.models import Node
+
+    kinds = [kind.format(namespace) for kind in SYNC_KINDS]
     deadline = started + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the controller exited with {proc.returncode} before syncing")
-        if _count(db, namespace) == (instances, instances):
-            return time.monotonic() - started
-        time.sleep(0.2)
-    raise RuntimeError(f"the controller did not sync {instances} Instances in 900 s")
+        if _listed(_controller_states(db), kinds, before):
+            nodes = db.query(f"SELECT COUNT(*) FROM {Node._meta.db_table} WHERE NOT deleted")
+            if (*_count(db, namespace), nodes[0][0]) == counts:
+                return time.monotonic() - started
+        time.sleep(0.1)
+    raise RuntimeError(f"the controller did not sync {counts} (Instances, pods, nodes) in 900 s")
 
 
 def _kubeconfig(port: int) -> dict[str, Any]:

@@ -58,12 +58,14 @@ EXPECTED_MAX = 1024  # announcements kept before expired ones are looked for
 APPLY_RETRY_FIRST = 0.05
 APPLY_RETRY_MAX = 5.0
 # Watch events and direct answers waiting in the queue are applied together, in one
-# transaction: a commit per change capped the controller at 160-200 changes/s on PostgreSQL.
-# A batch ends at this many items, or once it has held the transaction this long, or when an
-# Allocate is in flight (SQLite has one writer: a long batch would keep a claim's binding out).
+# transaction of a few statements (``cache.InstanceBatch``): a commit per change capped the
+# controller at 160-200 changes/s on PostgreSQL. A batch ends at this many items, which bounds
+# how long it holds the transaction, or when an Allocate is in flight (SQLite has one writer:
+# a long batch would keep a claim's binding out). Not at a time limit: the batch's rows are
+# read before its changes are applied, and under load a limit met after a few changes had the
+# rest read again and again (four reads for each change applied, at load 30).
 APPLY_BATCH = 256
 RELIST_PAGES_AHEAD = 2
-APPLY_BATCH_SECONDS = 0.05
 Event = tuple[str, dict[str, Any]]
 BATCHED = ("event", "direct")  # queue items the applier applies in batches
 
@@ -369,6 +371,10 @@ class CacheSync:
         # than the cache follows makes two writes of one value; each keeps its own.
         self._expected: dict[tuple[str, str, str], deque[tuple[Any, float]]] = {}
         self._expected_lock = threading.Lock()
+        # When expired announcements are next looked for: not at every announcement while more
+        # than EXPECTED_MAX are in flight, which a release storm keeps for seconds (5,000 slots
+        # of 50 agents), each scan of all of them under the lock every announcement waits on.
+        self._expiry_due = 0.0
         # Announcements the applier took in its current attempt, put back if the attempt
         # rolls back: a retried change keeps its cause instead of turning "unknown".
         self._taken: list[tuple[tuple[str, str, str], Any, float]] = []
@@ -460,8 +466,9 @@ class CacheSync:
         """A write of ``value`` to ``key`` is about to go out: attribute it when it arrives."""
         now = time.monotonic()
         with self._expected_lock:
-            if len(self._expected) > EXPECTED_MAX:
+            if len(self._expected) > EXPECTED_MAX and now >= self._expiry_due:
                 self._drop_expired(now)
+                self._expiry_due = now + 1.0
             self._expected.setdefault((instance, key, value), deque()).append((attribution, now))
 
     def forget(self, instance: str, key: str, value: str) -> None:
@@ -570,8 +577,8 @@ class CacheSync:
         return batch
 
     def _apply_batch(self, batch: list[tuple[str, Any, Any]]) -> None:
-        """Apply a batch in one transaction, then tell subscribers. A batch cut short (time,
-        an Allocate in flight) leaves the rest for the next one, first in line. A database
+        """Apply a batch in one transaction, then tell subscribers. A batch cut short (an
+        Allocate in flight) leaves the rest for the next one, first in line. A database
         error retries the batch as ``_apply_until_done`` does one item; any other error
         rolls the batch back and applies its items one by one, so only the bad one is
         left to a relist."""
@@ -624,14 +631,33 @@ class CacheSync:
             self._notify(*note)
 
     def _apply_some(self, batch: list[tuple[str, Any, Any]]) -> int:
-        """Inside the batch's transaction: apply items until the batch's time is up or an
-        Allocate waits; how many were applied (at least one)."""
-        deadline = time.monotonic() + APPLY_BATCH_SECONDS
-        for done, item in enumerate(batch, 1):
-            self._apply(*item)
-            if time.monotonic() > deadline or FOREGROUND.busy:
-                return done
-        return len(batch)
+        """Inside the batch's transaction: apply items until an Allocate waits; how many were
+        applied (at least one). The rows are read, changed and written for the whole batch
+        at once (``cache.InstanceBatch``)."""
+        writes = cache.InstanceBatch(self._names(batch))
+        done = 0
+        for what, first, second in batch:
+            if what == "event":
+                self._instance_event(first, second, writes)
+            else:
+                self._direct(first, second, writes)
+            done += 1
+            if FOREGROUND.busy:
+                break
+        writes.flush()
+        return done
+
+    def _names(self, batch: list[tuple[str, Any, Any]]) -> set[tuple[str, str]]:
+        """The Instances a batch of events and direct answers names, (namespace, name)."""
+        names = set()
+        for what, first, second in batch:
+            obj = second if what == "event" else first
+            meta = obj.get("metadata") or {}
+            if what == "event" and first == "DELETED":
+                names.add((self.namespace, meta.get("name", "")))
+            else:
+                names.add((meta.get("namespace", ""), meta.get("name", "")))
+        return names
 
     def _apply_until_done(self, item: tuple[str, Any, Any]) -> None:
         """Apply one queued item. The database being locked or away is retried, with
@@ -685,12 +711,18 @@ class CacheSync:
             self._watched[name] = rv
             self._watched_grew.notify_all()
 
-    def _direct(self, obj: dict[str, Any], attributions: dict[str, Any]) -> None:
+    def _direct(
+        self,
+        obj: dict[str, Any],
+        attributions: dict[str, Any],
+        writes: cache.InstanceBatch | None = None,
+    ) -> None:
         name = obj["metadata"]["name"]
         rv = obj["metadata"].get("resourceVersion", "")
         if self._has_watched(name, rv):
             return  # the watch already brought this version (or a newer one) in
-        cache.apply_instance(obj, _Attributions(self, obj, attributions), direct=True)
+        apply = cache.apply_instance if writes is None else writes.apply
+        apply(obj, _Attributions(self, obj, attributions), direct=True)
         self._direct_rv[name] = rv
         self._notify("instance", name, obj)
 
@@ -710,15 +742,22 @@ class CacheSync:
             self._notify("configuration", obj["metadata"]["name"], obj)
         self._notify("configuration", "", None)
 
-    def _instance_event(self, kind: str, obj: dict[str, Any]) -> None:
+    def _instance_event(
+        self, kind: str, obj: dict[str, Any], writes: cache.InstanceBatch | None = None
+    ) -> None:
+        """One watch event; into ``writes`` when it is part of a batch, else written now."""
         name = obj["metadata"]["name"]
         self._remember(name, obj["metadata"].get("resourceVersion", ""))
         if kind == "DELETED":
-            cache.remove_instance(self.namespace, name)
+            if writes is None:
+                cache.remove_instance(self.namespace, name)
+            else:
+                writes.remove(self.namespace, name)
             self._watched.pop(name, None)
             self._notify("instance", name, None)
             return
-        row, applied = cache.apply_instance(obj, _Attributions(self, obj, {}))
+        apply = cache.apply_instance if writes is None else writes.apply
+        row, applied = apply(obj, _Attributions(self, obj, {}))
         # The echo of a write some other claim store applied inline (one without this sync:
         # the admin's manual release in the one-process demo, a test) changes no row, but
         # subscribers have not heard of that write: tell them now. (Writes that came through
@@ -737,10 +776,15 @@ class CacheSync:
         self._notify("instance", "", None)
 
     def _instance_page(self, items: list[dict[str, Any]]) -> None:
-        cache.apply_listed(self.namespace, items)
+        # Subscribers hear of the Instances written, not of those the cache had as listed: a
+        # restart on a warm database relists 40,000 unchanged Instances, and each one told
+        # was a live delta and a charge recompute. The relist's end tells them all the same.
+        written = cache.apply_listed(self.namespace, items)
         for obj in items:
-            self._remember(obj["metadata"]["name"], obj["metadata"].get("resourceVersion", ""))
-            self._notify("instance", obj["metadata"]["name"], obj)
+            name = obj["metadata"]["name"]
+            self._remember(name, obj["metadata"].get("resourceVersion", ""))
+            if name in written:
+                self._notify("instance", name, obj)
 
     def _instance_relist_end(self, names: set[str], listed_rv: str) -> None:
         # Our own writes' answers (``submit_direct``) may have been applied while the pages

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
+from agent import dbcopy
 from agent.charges.facts import AKRI, DRA, claim_key
 from agent.models import Slot
 from agent.queues.kinds import DEVICE_CLASSES, RESOURCE_CLAIMS, Watched
@@ -209,19 +210,44 @@ def replace_pods(items: list[dict[str, Any]]) -> Keys:
     return replace_pod_rows(pod_rows(items))
 
 
-def pod_rows(items: list[dict[str, Any]]) -> list[QueuePod]:
-    """Unsaved rows of the pods in ``items`` that use devices (a relist keeps these)."""
-    return [
-        QueuePod(namespace=_meta(o).get("namespace", ""), name=_meta(o)["name"], **pod_fields(o))
+PodRows = dict[tuple[str, str], dict[str, Any]]
+# What ``pod_fields`` gives, the columns a relist compares.
+POD_COLUMNS = [
+    "uid", "labels", "annotations", "priority", "created", "node_name", "phase", "claims",
+    "owners", "deleting",
+]  # fmt: skip
+
+
+def pod_rows(items: list[dict[str, Any]]) -> PodRows:
+    """The columns of the pods in ``items`` that use devices, by (namespace, name): a relist
+    keeps these few, not the pods (and no unsaved model per pod: 40,000 of them were a second
+    copy of the controller's pod relist)."""
+    return {
+        (_meta(o).get("namespace", ""), _meta(o)["name"]): pod_fields(o)
         for o in items
         if uses_devices(o)
-    ]
+    }
 
 
-def replace_pod_rows(rows: list[QueuePod]) -> Keys:
+def replace_pod_rows(wanted: PodRows) -> Keys:
+    """The pod rows become ``wanted``, writing only the rows that differ: every start of the
+    controller relists every pod, and on a warm database nearly all are as the cache has them."""
+    wanted = dict(wanted)
+    columns = POD_COLUMNS
+    gone, changed = [], []
     with transaction.atomic():
-        QueuePod.objects.all().delete()
-        QueuePod.objects.bulk_create(rows, batch_size=500)
+        rows = QueuePod.objects.values_list("pk", "namespace", "name", *columns)
+        for pk, namespace, name, *values in rows.iterator(500):
+            fields = wanted.pop((namespace, name), None)
+            if fields is None:
+                gone.append(pk)
+            elif any(fields[k] != v for k, v in zip(columns, values, strict=True)):
+                changed.append(QueuePod(pk=pk, namespace=namespace, name=name, **fields))
+        for i in range(0, len(gone), 500):
+            QueuePod.objects.filter(pk__in=gone[i : i + 500]).delete()
+        QueuePod.objects.bulk_update(changed, columns, batch_size=500)
+        new = [{"namespace": ns, "name": name, **f} for (ns, name), f in wanted.items()]
+        dbcopy.insert_rows(QueuePod, new)
     return None
 
 

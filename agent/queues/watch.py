@@ -219,7 +219,7 @@ class QueueWatch:
         # Instance labels seen since the last flush: written in bulk off the cache's applier
         # thread (a relist of 40,000 Instances must not mean 40,000 row writes inline).
         self._labels: dict[tuple[str, str], dict[str, str] | None] = {}
-        self._listed_pods: list[Any] = []  # the controller's pod relist so far (unsaved rows)
+        self._listed_pods: cache.PodRows = {}  # the controller's pod relist so far (columns)
         self._labels_lock = threading.Lock()
         self.timeout_seconds = timeout_seconds
         self._watchers: dict[str, ResourceWatcher] = {}
@@ -279,10 +279,10 @@ class QueueWatch:
 
     def pod_page(self, items: list[dict[str, Any]]) -> None:
         """A page of the controller's pod relist: its rows, kept until ``pod_relist_end``."""
-        self._listed_pods.extend(cache.pod_rows(items))
+        self._listed_pods.update(cache.pod_rows(items))
 
     def pod_relist_end(self) -> None:
-        rows, self._listed_pods = self._listed_pods, []
+        rows, self._listed_pods = self._listed_pods, {}
         self.debouncer.mark(cache.replace_pod_rows(rows))
 
     def instance_changed(self, namespace: str, name: str, obj: dict[str, Any] | None) -> None:

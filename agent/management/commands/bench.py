@@ -14,10 +14,11 @@ class Command(BaseCommand):
         parser.add_argument("name", nargs="?", help="benchmark to run")
         parser.add_argument("--list", action="store_true", help="name every benchmark")
         parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
-        # Sizes for the benchmarks that take them (release-storm), to run smaller than the
-        # issue's defaults on a small machine.
+        # Sizes for the benchmarks that take them (release-storm; scale's change rate), to run
+        # smaller than the defaults on a small machine.
         for size in ("nodes", "pods", "live"):
             parser.add_argument(f"--{size}", type=int, help=f"{size} (release-storm)")
+        parser.add_argument("--rate", type=int, help="changes offered per second (scale)")
 
     def handle(self, *args, **options):
         if options["list"]:
@@ -29,7 +30,7 @@ class Command(BaseCommand):
             raise CommandError("name a benchmark, or --list to see them")
         if name not in bench.REGISTRY:
             raise CommandError(f"no benchmark {name!r}; known: {', '.join(sorted(bench.REGISTRY))}")
-        sizes = {k: options[k] for k in ("nodes", "pods", "live") if options[k] is not None}
+        sizes = {k: options[k] for k in ("nodes", "pods", "live", "rate") if options[k] is not None}
         run = bench.load(name)
         unknown = set(sizes) - set(inspect.signature(run).parameters)
         if unknown:
@@ -38,7 +39,7 @@ class Command(BaseCommand):
         if negative:
             raise CommandError(
                 f"{name}: {', '.join(f'--{k} {sizes[k]}' for k in negative)}: "
-                "nodes and pods must be at least 1, live at least 0"
+                "nodes, pods and rate must be at least 1, live at least 0"
             )
         figures = run(quick=options["quick"], stdout=self.stdout, **sizes)
         self.stdout.write(bench.summary(name, figures))
