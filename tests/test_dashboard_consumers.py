@@ -551,3 +551,75 @@ def test_a_burst_of_thousands_of_changed_instances_is_published_whole():
     assert len(sent) == 2500
     assert set(sent) == set(keys)
     assert all(m["removed"] == [] for m in messages)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_relist_sized_burst_is_one_reload_a_while_and_a_lone_change_after_is_its_row(
+    monkeypatch,
+):
+    # A relist hands the feed every Instance it wrote: their rows would be read and sent to
+    # every socket. Past RELOAD_OVER the window is one reload (the totals, no rows), the next
+    # such window waits RELOAD_SECONDS, and a lone change after that goes out as its row.
+    monkeypatch.setattr(live, "RELOAD_OVER", 5)
+    clock = HandClock()
+    send = Recorder()
+    coalescer = live.Coalescer(window_ms=100, send=send, clock=clock).start()
+    try:
+        coalescer.add([f"default/i-{n}" for n in range(20)])
+        _sent(send, 1)
+        clock.now += 0.1
+        coalescer.add([f"default/j-{n}" for n in range(20)])
+        coalescer.add_run(3)
+        coalescer.nudge()
+        time.sleep(0.2)
+        assert len(send.calls) == 1  # the window is over, the reload's wait is not
+        clock.now += live.RELOAD_SECONDS - 0.1
+        coalescer.nudge()
+        _sent(send, 2)
+        clock.now += 0.1
+        coalescer.add(["default/lone"])
+        coalescer.nudge()
+        _sent(send, 3)
+    finally:
+        coalescer.stop()
+    (_, first), (_, second), (_, lone) = send.calls
+    assert first == {"runs": [], "instances": [], "removed": [], "reload": True}
+    assert second == {"runs": [3], "instances": [], "removed": [], "reload": True}
+    assert lone == {"runs": [], "instances": ["default/lone"], "removed": []}
+
+
+def test_a_reload_message_carries_the_totals_and_no_rows(cluster):
+    (message,) = live.build_messages(instances=[i.pk for i in Instance.objects.all()], reload=True)
+    assert message["reload"] is True
+    assert message["instances"] == [] and message["removed"] == []
+    assert message["summary"]["totals"]["total"] == Slot.objects.count()
+
+
+def test_a_reload_makes_each_socket_read_its_own_page_again(viewer, settings):
+    make_cluster(instances=7, capacity=2)
+    names = sorted(Instance.objects.values_list("name", flat=True))
+
+    async def scenario():
+        communicator = socket(viewer, "page=2")
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from()
+        pk = await database_sync_to_async(lambda: take_slot(f"{names[4]}-1", "node-b").pk)()
+        await database_sync_to_async(live.send_now)(instances=[pk], reload=True)
+        snapshot = await communicator.receive_json_from()
+        assert snapshot["type"] == "snapshot" and snapshot["page"] == 2
+        row = next(r for r in snapshot["instances"] if r["name"] == names[4])
+        assert any(s["value"] == "node-b" for s in row["slots"])
+        await communicator.disconnect()
+
+    original = slotmap_page_size()
+    slotmap_page(3)
+    try:
+        run(scenario)
+    finally:
+        slotmap_page(original)
+
+
+def slotmap_page_size() -> int:
+    from akri_site.dashboard import slotmap
+
+    return slotmap.PAGE

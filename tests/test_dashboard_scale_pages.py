@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agent.models import Instance, Node, Slot, SlotEvent
+from agent.models import Instance, Node, Pod, Slot, SlotEvent
 from akri_site.dashboard import queries, slotmap, views
 from akri_site.dashboard.sample import make_cluster
 from akri_site.dashboard.slotmap import CostlyReuse, StuckRules
@@ -84,6 +84,45 @@ def test_many_nodes_make_the_slot_maps_node_filter_a_text_field_and_its_summary_
     assert unknown.status_code == 400
     assert "No node named “nowhere” is known." in unknown.content.decode()
     assert viewer.get("/slots/?node=node-003").status_code == 200
+
+
+def _node_rows(body: str) -> list[tuple[str, str, str, str]]:
+    """(node, instances link, held link, pods link with its count) of each Nodes list row."""
+    return re.findall(
+        r'<tr><th scope="row"><a href="/nodes/([^/]+)/">.*?'
+        r'<a href="(/instances/[^"]*)">.*?<a href="(/slots/[^"]*)">.*?'
+        r'<a href="(/pods/[^"]*">\d+)</a></td></tr>',
+        body,
+        re.S,
+    )
+
+
+def test_the_nodes_list_counts_pods_of_the_shown_page_and_sorts_by_pods_across_pages(viewer):
+    # 130 nodes, more than a page: node-i runs i % 7 pods. The page's rows count their own
+    # pods; sorted by pods, the order is every node's.
+    names = _nodes(130)
+    Node.objects.bulk_create(Node(name=n, ready=True) for n in names)
+    Pod.objects.bulk_create(
+        Pod(namespace="work", name=f"p-{i}-{k}", node_name=n, phase="Running")
+        for i, n in enumerate(names)
+        for k in range(i % 7)
+    )
+    pods = {n: i % 7 for i, n in enumerate(names)}
+
+    second = _node_rows(viewer.get("/nodes/?page=2").content.decode())
+    assert [row[0] for row in second] == list(names[100:])
+    for node, instances, held, pod_link in second:
+        assert instances == f"/instances/?node={node}"
+        assert held == f"/slots/?node={node}&amp;state=held"
+        assert pod_link == f'/pods/?node={node}">{pods[node]}'
+
+    by_pods = [
+        _node_rows(viewer.get(f"/nodes/?sort=-pods&page={p}").content.decode()) for p in (1, 2)
+    ]
+    shown = [(row[0], int(row[3].rsplit(">", 1)[1])) for page in by_pods for row in page]
+    assert len(shown) == 130
+    assert [n for n, _ in shown] == sorted(names, key=lambda n: -pods[n])  # stable: by name
+    assert all(count == pods[n] for n, count in shown)
 
 
 def test_stuck_counts_in_one_pass_agree_with_a_count_per_kind():

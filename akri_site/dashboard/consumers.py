@@ -6,7 +6,8 @@ Frames from the browser (JSON objects with a ``type``):
   so a quiet feed on a stopped controller is shown as stale, not as live);
 * ``{"type": "subscribe", "view": "slots", "filters": {"node": "n1", ...}}`` -> a new snapshot
   narrowed to those filters (the slot map's filters; ``view`` is slots/overview/runs);
-* ``{"type": "refresh"}`` -> a new snapshot.
+* ``{"type": "refresh"}`` -> a new snapshot (sent unasked too, when a ``live.delta`` says
+  ``reload``: a relist changed more Instances than their rows are worth sending).
 
 Anything else (binary, not JSON, nested too deep, not an object, an unknown type, a bad
 filter) gets an ``{"type": "error"}`` frame and closes *this* socket with code 4400; other
@@ -388,6 +389,14 @@ class LiveConsumer(SessionRecheck, AsyncJsonWebsocketConsumer):
 
     async def live_delta(self, event: dict[str, Any]) -> None:
         """A ``live.delta`` from the channel layer, narrowed to this socket's filters."""
+        if event.get("reload"):
+            # Too many Instances changed at once for their rows (a relist): this socket reads
+            # its own page again; the snapshot carries the totals and the latest runs.
+            if self.shut:
+                return
+            await self._send_snapshot()
+            if not (event.get("runs") or event.get("audit")):
+                return
         instances: list[dict[str, Any]] = []
         removed = list(event.get("removed", []))
         if self.view == "slots":

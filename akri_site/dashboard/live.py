@@ -12,6 +12,12 @@ Message on the channel layer (group ``LIVE_GROUP``)::
     {"type": "live.delta", "instances": [instance, ...], "removed": ["ns/name", ...],
      "runs": [run, ...], "summary": {...}, "sync": {...}, "at": "2026-11-22T05:03:12Z"}
 
+A window with more changed Instances than RELOAD_OVER (a relist, a start-up sync, a node's
+thousands of slots at once) is not sent row by row: one message with ``"reload": true``, the
+totals and no rows, and each socket reads its own page again (``consumers.LiveConsumer``). A
+relist of 10,000 Instances was 10,000 rows read, serialized and sent to every socket, each of
+which kept the hundred on its page; now it is a summary per RELOAD_SECONDS at most.
+
 ``instance`` and ``run`` are the dicts of ``slotmap.serialize`` and ``queries.run_dict``; each
 websocket narrows ``instances`` to its own filters (``consumers.LiveConsumer``). Publishing never
 raises into the writer: a dashboard that cannot be told must not stop reconciliation.
@@ -51,6 +57,11 @@ LIVE_GROUP = "akri.live"
 CHUNK = 200
 # Instances looked up per query when building messages (SQLite allows 32,766 parameters).
 LOOKUP_CHUNK = 2000
+# Past this many changed Instances in one window, a reload (the totals; each socket reads its
+# page) instead of their rows; reloads at most one per RELOAD_SECONDS, as each costs every
+# open socket a read of its page. A change or a few after that go out as rows, at once.
+RELOAD_OVER = CHUNK
+RELOAD_SECONDS = 2.0
 
 InstanceRef = int | str
 
@@ -60,9 +71,10 @@ def build_messages(
     removed: Iterable[str] = (),
     runs: Iterable[int] = (),
     audit: bool = False,
+    reload: bool = False,
 ) -> list[dict[str, Any]]:
     """The ``live.delta`` messages describing the current state of what changed."""
-    return list(iter_messages(instances, removed, runs, audit))
+    return list(iter_messages(instances, removed, runs, audit, reload))
 
 
 def iter_messages(
@@ -70,11 +82,20 @@ def iter_messages(
     removed: Iterable[str] = (),
     runs: Iterable[int] = (),
     audit: bool = False,
+    reload: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """``build_messages`` one message at a time: after a relist of a large cluster the
     changed Instances are tens of thousands, read and sent a chunk at a time rather than
     held all at once. Removed keys, runs and the audit flag (an audit entry was written: the
-    audit log refetches its list) ride on the last message."""
+    audit log refetches its list) ride on the last message. ``reload``: one message without
+    rows, telling every socket to read its page again (``instances`` and ``removed`` unread)."""
+    if reload:
+        run_rows = queries.runs(
+            ReconcileRun.objects.filter(pk__in=list(runs)).order_by("started_at")
+        )
+        message = {"type": "live.delta", "instances": [], "removed": [], "runs": run_rows}
+        yield message | {"reload": True, **({"audit": True} if audit else {})} | _common()
+        return
     ids, keys = parse_instance_refs(instances)
     _, removed_keys = parse_instance_refs(removed)
     run_rows = queries.runs(ReconcileRun.objects.filter(pk__in=list(runs)).order_by("started_at"))
@@ -130,6 +151,7 @@ def send_now(
     removed: Iterable[str] = (),
     runs: Iterable[int] = (),
     audit: bool = False,
+    reload: bool = False,
 ) -> int:
     """Read and send at once; the number of messages sent. Logs, never raises."""
     layer = get_channel_layer()
@@ -138,11 +160,11 @@ def send_now(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _send(layer, instances, removed, runs, audit)
+        return _send(layer, instances, removed, runs, audit, reload)
     # An event loop runs in this thread (async code, or Playwright's sync API in a test):
     # async_to_sync cannot run here, so read and send from a short-lived worker thread.
     with ThreadPoolExecutor(1, thread_name_prefix="live-send") as pool:
-        return pool.submit(_send_closing, layer, instances, removed, runs, audit).result()
+        return pool.submit(_send_closing, layer, instances, removed, runs, audit, reload).result()
 
 
 def _send(
@@ -151,10 +173,11 @@ def _send(
     removed: Iterable[str],
     runs: Iterable[int],
     audit: bool = False,
+    reload: bool = False,
 ) -> int:
     sent = 0
     try:
-        for message in iter_messages(instances, removed, runs, audit):
+        for message in iter_messages(instances, removed, runs, audit, reload):
             async_to_sync(layer.group_send)(LIVE_GROUP, message)
             sent += 1
     except Exception:
@@ -216,7 +239,9 @@ class Coalescer:
     After a quiet spell the first change goes out at once (an operator sees it now); changes
     that follow within ``window_ms`` of a delivery wait for the window to end and go out
     together, so a burst or a steady stream costs one message per window. The window does not
-    slide. Call ``add`` after your commit.
+    slide. A window of more than RELOAD_OVER Instances goes out as a reload, and then the next
+    such window waits RELOAD_SECONDS (a relist costs the feed a summary a few times, not a
+    row per Instance). Call ``add`` after your commit.
 
         live = Coalescer().start()
         live.add([instance.pk]); live.add_removed(["default/cam-1a2b3c"]); live.add_run(run.pk)
@@ -241,6 +266,7 @@ class Coalescer:
         self._runs: set[int] = set()
         self._first_at: float | None = None
         self._last_sent = float("-inf")
+        self._last_reload = float("-inf")
         # What the last delivery took: the next starts at least three times that after the
         # last one started, so that reading and counting a large cluster for the feed
         # (hundreds of milliseconds at 40,000 Instances) takes at most a third of the time
@@ -280,12 +306,16 @@ class Coalescer:
         with self._cond:
             return bool(self._instances or self._removed or self._runs)
 
-    def _take(self) -> dict[str, list[Any]]:
-        batch = {
-            "instances": list(self._instances),
-            "removed": sorted(self._removed),
-            "runs": sorted(self._runs),
-        }
+    def _large(self) -> bool:
+        return len(self._instances) + len(self._removed) > RELOAD_OVER
+
+    def _take(self) -> dict[str, Any]:
+        batch: dict[str, Any] = {"runs": sorted(self._runs)}
+        if self._large():
+            batch.update(instances=[], removed=[], reload=True)
+            self._last_reload = self._clock()
+        else:
+            batch.update(instances=list(self._instances), removed=sorted(self._removed))
         self._instances, self._removed, self._runs = set(), set(), set()
         self._first_at = None
         return batch
@@ -299,7 +329,7 @@ class Coalescer:
         self._deliver(batch)
         return True
 
-    def _deliver(self, batch: dict[str, list[Any]]) -> None:
+    def _deliver(self, batch: dict[str, Any]) -> None:
         try:
             self._send(**batch)
         except Exception:
@@ -339,6 +369,8 @@ class Coalescer:
                     while not self._stopping:
                         gap = max(self.window, 3 * self._cost)
                         due = max(self._first_at, self._last_sent + gap)
+                        if self._large():
+                            due = max(due, self._last_reload + RELOAD_SECONDS)
                         left = due - self._clock()
                         if left <= 0:
                             break
