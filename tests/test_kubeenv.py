@@ -16,6 +16,8 @@ from tests.kubeenv import _crd_versions, _KubeSession
 
 pytestmark = pytest.mark.kube
 
+# Named by group and plural: other tests leave CRDs of their own with the plural "widgets" in
+# the session's simulator (CRDs outlive its reset), as on a shared real server.
 GROUP, PLURAL = "widgets.example.test", "widgets"
 
 
@@ -108,14 +110,14 @@ def test_the_teardown_skips_a_kind_that_is_gone(kube, session, widget_kind):
     first = kube.create_namespace()
     make_widget(api, first, "w")
     session.remove_namespace(api, first)
-    assert any(r.name == PLURAL for r in session._namespaced)
+    assert any((r.group, r.name) == (GROUP, PLURAL) for r in session._namespaced)
     client.ApiextensionsV1Api(api).delete_custom_resource_definition(f"{PLURAL}.{GROUP}")
     # Discovered again: the widgets are no longer among the kinds to empty.
     second = kube.create_namespace()
     make_config_map(api, second, "after")
     session.remove_namespace(api, second)
     assert config_maps(api, second) == []
-    assert not any(r.name == PLURAL for r in session._namespaced)
+    assert not any((r.group, r.name) == (GROUP, PLURAL) for r in session._namespaced)
     # And a list of kinds that still names them (a CRD removed between the check and the
     # deletes) is no error: a 404 on a gone kind means nothing is left of it.
     session.namespaced_kinds(api)
@@ -133,7 +135,7 @@ def _gone_widgets(kube, session) -> list:
     ext.create_custom_resource_definition(widget_crd())
     try:
         kinds = session.namespaced_kinds(kube.api_client)
-        found = [r for r in kinds if r.name == PLURAL]
+        found = [r for r in kinds if (r.group, r.name) == (GROUP, PLURAL)]
     finally:
         ext.delete_custom_resource_definition(f"{PLURAL}.{GROUP}")
     assert found
