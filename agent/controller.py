@@ -24,6 +24,7 @@ from kubernetes import client
 from agent import dbcopy
 from agent.dbthreads import closing_connections, start_thread
 from agent.domain.holdings import HOLDS, parse_holds
+from agent.kube.client import CoreApi
 from agent.kube.holders import Holders
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Node, Pod
@@ -212,7 +213,7 @@ class Controller:
         self.holders = Holders(on_changed=self._holders_changed)
         # Slot usage history for the dashboard's charts (agent.usage), sampled while leading.
         self.usage = UsageSampler()
-        core = client.CoreV1Api(api_client)
+        core = CoreApi(api_client)  # raw lists and watches: no typed models imported
         self.pods = ResourceWatcher(
             owner="controller",
             kind="pods",

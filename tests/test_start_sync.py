@@ -11,7 +11,7 @@ from django.utils import timezone
 from agent import controller
 from agent.bench.claims import instance_body
 from agent.domain.naming import slot_key
-from agent.kube.client import AkriApi
+from agent.kube.client import AkriApi, BatchApi, CoreApi
 from agent.kube.watch import CacheSync
 from agent.models import Instance, Node, Slot, SlotEvent, SyncState
 from agent.queues import cache as queue_cache
@@ -121,3 +121,43 @@ def test_a_relist_on_a_warm_cache_writes_and_announces_only_what_changed(kube):
         for o in api.list_instances()["items"]
     }
     assert dict(Instance.objects.values_list("name", "resource_version")) == listed
+
+
+def test_the_controller_lists_pods_nodes_and_broker_objects_as_plain_dicts(apiserver):
+    # Through the generic request path, not the typed CoreV1Api/BatchV1Api (a second of start-up
+    # and some 20 MB of models): each list the controller and its broker watches make answers
+    # the objects as sent.
+    api = apiserver.api_client()
+    core, batch = CoreApi(api), BatchApi(api)
+    namespace = "h9-raw-lists"
+    core._call("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+    node = node_body("raw-node-1")
+    core._call("POST", "/api/v1/nodes", body=node)
+    pod = dict(pod_body("raw-pod-1", "raw-node-1"), metadata={"name": "raw-pod-1"})
+    core._call("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+    service = {"metadata": {"name": "raw-svc-1"}, "spec": {"ports": [{"port": 80}]}}
+    core._call("POST", f"/api/v1/namespaces/{namespace}/services", body=service)
+    job = {
+        "metadata": {"name": "raw-job-1"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
+    }
+    batch._call("POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", body=job)
+    try:
+        listed = {
+            "nodes": core.list_node(limit=500),
+            "pods": core.list_namespaced_pod(namespace, limit=500),
+            "all pods": core.list_pod_for_all_namespaces(field_selector="spec.nodeName=raw-node-1"),
+            "services": core.list_namespaced_service(namespace),
+            "jobs": batch.list_namespaced_job(namespace, label_selector=""),
+        }
+        names = {
+            kind: {o["metadata"]["name"] for o in answer["items"]}
+            for kind, answer in listed.items()
+        }
+        assert "raw-node-1" in names["nodes"]
+        assert names["pods"] == names["all pods"] == {"raw-pod-1"}
+        assert names["services"] == {"raw-svc-1"}
+        assert names["jobs"] == {"raw-job-1"}
+    finally:
+        core._call("DELETE", "/api/v1/nodes/raw-node-1")
+        core._call("DELETE", f"/api/v1/namespaces/{namespace}")

@@ -30,6 +30,7 @@ from agent.brokers.dispatch import Dispatcher
 from agent.brokers.models import Broker
 from agent.dbthreads import start_thread
 from agent.domain import brokers as rules
+from agent.kube.client import BatchApi, CoreApi
 from agent.kube.watch import CacheSync, ResourceWatcher
 from agent.models import Configuration, Instance
 
@@ -61,7 +62,7 @@ class BrokerController:
         self._brokered_epoch = 0
         self._brokered_lock = threading.Lock()
         self._phases: dict[tuple[str, str], tuple[str, bool]] = {}
-        core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+        core, batch = CoreApi(api_client), BatchApi(api_client)  # raw: no typed models
         self.watchers = [
             self._watcher(api_client, rules.POD, core.list_namespaced_pod, rules.CONFIGURATION_LABEL, timeout_seconds),
             self._watcher(api_client, rules.SERVICE, core.list_namespaced_service, "controller=akri.sh", timeout_seconds),

@@ -190,10 +190,21 @@ class AkriApi(Requests):
 
 
 class CoreApi(Requests):
-    """The few core/v1 reads and writes the node agent makes (pods, Secrets, ConfigMaps)."""
+    """The few core/v1 reads and writes the node agent makes (pods, Secrets, ConfigMaps), and
+    the lists the controller watches (pods, nodes, a namespace's pods and Services): the
+    typed ``CoreV1Api`` cost 0.4-0.7 s of CPU at every controller start and some 20 MB."""
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
         return self._call("GET", "/api/v1/pods", **kwargs)
+
+    def list_node(self, **kwargs: Any) -> Any:
+        return self._call("GET", "/api/v1/nodes", **kwargs)
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        return self._call("GET", f"/api/v1/namespaces/{namespace}/pods", **kwargs)
+
+    def list_namespaced_service(self, namespace: str, **kwargs: Any) -> Any:
+        return self._call("GET", f"/api/v1/namespaces/{namespace}/services", **kwargs)
 
     def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any:
         return self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", **kwargs)
@@ -210,6 +221,13 @@ class CoreApi(Requests):
 
     def read_namespaced_config_map(self, name: str, namespace: str, **kwargs: Any) -> Any:
         return self._call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}", **kwargs)
+
+
+class BatchApi(Requests):
+    """The batch/v1 list the broker controller watches (its Jobs)."""
+
+    def list_namespaced_job(self, namespace: str, **kwargs: Any) -> Any:
+        return self._call("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs", **kwargs)
 
 
 def _query(items: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, str]]:
