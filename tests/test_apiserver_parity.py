@@ -343,3 +343,35 @@ def test_an_extended_resource_asked_wrongly_is_422(kube, core, requests, limits,
     assert status == 422
     assert problem in body["message"]
     assert body["details"]["causes"]
+
+
+# -- deletecollection ------------------------------------------------------------------------
+
+
+def test_deletecollection_answers_the_list_it_deleted_as_listed_before(kube, core, co):
+    """Not a Status: the registry's list, its items as they were before the deletions (their
+    resourceVersions then, no deletionTimestamp), built-in items without kind/apiVersion."""
+    ns = kube.namespace
+    made = [
+        core.create_namespaced_config_map(ns, {"metadata": {"name": f"dc-{i}"}}).metadata
+        for i in range(2)
+    ]
+    answer = json.loads(
+        core.delete_collection_namespaced_config_map(ns, _preload_content=False).data
+    )
+    assert (answer["kind"], answer["apiVersion"]) == ("ConfigMapList", "v1")
+    assert answer["metadata"]["resourceVersion"]
+    assert [(i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in answer["items"]] == [
+        (m.name, m.resource_version) for m in made
+    ]
+    assert all(set(i) == {"metadata"} for i in answer["items"])
+    assert core.list_namespaced_config_map(ns).items == []
+
+    co.create_namespaced_custom_object(GROUP, VERSION, ns, "instances", instance("dc-i"))
+    answer = json.loads(
+        co.delete_collection_namespaced_custom_object(
+            GROUP, VERSION, ns, "instances", _preload_content=False
+        ).data
+    )
+    assert (answer["kind"], answer["apiVersion"]) == ("InstanceList", "akri.sh/v0")
+    assert [(i["kind"], i["metadata"]["name"]) for i in answer["items"]] == [("Instance", "dc-i")]

@@ -128,7 +128,9 @@ def test_deletecollection_holds_the_store_lock_once_for_all_its_pods(sim, core):
     counting = CountingLock(sim.store.lock)
     sim.store.lock, counting.counting = counting, threading.get_ident()
     try:
-        sim._delete_collection(sim.store.types[PODS_KEY], NS, {"labelSelector": "storm=yes"}, False)
+        sim._delete_collection(
+            sim.store.types[PODS_KEY], "v1", NS, {"labelSelector": "storm=yes"}, False
+        )
     finally:
         sim.store.lock = counting.lock
 

@@ -658,7 +658,7 @@ class ApiServerSimulator:
                 obj = store.create(rt, version, ns, body, dry_run, admit)
                 return 201, _present(obj, rt, version)
             if method == "DELETE":
-                return 200, self._delete_collection(rt, namespace, query, dry_run)
+                return 200, self._delete_collection(rt, version, namespace, query, dry_run)
             raise _not_allowed()
         if sub is None:
             if method == "GET":
@@ -849,10 +849,18 @@ class ApiServerSimulator:
         return 200, _present(obj, rt, version)
 
     def _delete_collection(
-        self, rt: ResourceType, namespace: str | None, query: dict[str, str], dry_run: bool
+        self,
+        rt: ResourceType,
+        version: str,
+        namespace: str | None,
+        query: dict[str, str],
+        dry_run: bool,
     ) -> dict:
+        """Answered as kube-apiserver's registry answers (checked on v1.37): the list it
+        deleted from, as listed before the deletions (items with their resourceVersions then,
+        the list's resourceVersion), not a Status."""
         labels, fields = self._selectors(rt, query)
-        items, _, _, _ = self.store.list(rt, namespace, labels, fields)
+        items, rv, _, _ = self.store.list(rt, namespace, labels, fields)
         grace = _grace_seconds(query.get("gracePeriodSeconds"), None)
         # Item by item in list order, as the real registry; the items no webhook needs to see
         # go to the store in runs, each under one hold of its lock (``Store.delete_many``).
@@ -871,7 +879,14 @@ class ApiServerSimulator:
             with contextlib.suppress(ApiError):
                 self.store.delete(rt, item_ns, meta["name"], None, dry_run, grace, admit)
         self.store.delete_many(rt, run, dry_run, grace)
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        if rt.builtin:
+            listed = [
+                {k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items
+            ]
+        else:
+            listed = [_present(o, rt, version) for o in items]
+        return {"kind": rt.list_kind, "apiVersion": rt.api_version(version),
+                "metadata": {"resourceVersion": str(rv)}, "items": listed}  # fmt: skip
 
     def _evict(self, rt: ResourceType, ns: str, name: str, body: Any, dry_run: bool) -> dict:
         """``pods/eviction`` (policy/v1 Eviction): the pod's deletion with the Eviction's
