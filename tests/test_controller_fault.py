@@ -125,6 +125,10 @@ class Proxy:
         self._drop_all()
 
     def _accept(self) -> None:
+        if self._listener is None:
+            # A cut earlier in the same batch of ready keys closed the listener this key was
+            # for (seen once in a CI run as an AttributeError in the proxy's thread).
+            return
         try:
             inside, _ = self._listener.accept()
         except OSError:
