@@ -105,3 +105,18 @@ def test_storm_sizes_out_of_range_are_a_clear_error_and_run_nothing(args):
 
     with pytest.raises(CommandError, match="must be at least"):
         call_command("bench", "release-storm", *args)
+
+
+@pytest.mark.parametrize("rate", ["0", "-3"])
+def test_a_change_rate_out_of_range_is_a_clear_error_and_runs_nothing(rate):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="must be at least"):
+        call_command("bench", "scale", "--rate", rate)
+
+
+def test_a_rate_given_to_a_benchmark_that_takes_none_is_a_clear_error():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="rate"):
+        call_command("bench", "release-storm", "--rate", "100")
