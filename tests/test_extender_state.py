@@ -355,23 +355,93 @@ def test_a_freed_slot_asks_again_for_one_waiting_pod_not_all_of_them():
     assert retrier.written == ["w0", "w1"]
 
 
-def test_an_assumption_of_a_running_pod_ends_once_its_claims_had_time_to_arrive():
-    """Running, the pod's Allocate is done. When the agent could not match the pod to its
-    assignment it planned alone and claimed other slots: the one assigned at bind is never
-    claimed, and its assumption kept it taken for assume_seconds (30 s)."""
+def running_as_the_feed_shows_it(bound_pod, annotations, **extra) -> dict:
+    return {
+        **bound_pod,
+        "metadata": {**bound_pod["metadata"], "annotations": {**annotations, **extra}},
+        "spec": {**bound_pod["spec"], "nodeName": "n1"},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_a_running_pods_assumption_lasts_until_the_cache_shows_its_claims():
+    """Running says the agent's claims were written, not that the cache has them: they reach
+    the extender through the API server, the controller and its database, which on a loaded
+    node took longer than any fixed grace (a real node's burst of 20 for room 10 bound an 11th
+    pod, refused by its kubelet). The pod's feed already says consumed, which frees nothing."""
     clock = Clock()
     cams = [instance(f"cam-00000{i}", ("n1",), 1, configuration="cam") for i in (1, 2)]
     state = state_with(cams, clock)
     first = pod({"akri.sh/cam": 1})
+    uid = first["metadata"]["uid"]
     annotations = state.allocate(first, "n1")
-    running = {
-        **first,
-        "metadata": {**first["metadata"], "annotations": annotations},
-        "spec": {**first["spec"], "nodeName": "n1"},
-        "status": {"phase": "Running"},
-    }
-    state.pod_changed(first["metadata"]["uid"], running)
+    state.pod_changed(
+        uid, running_as_the_feed_shows_it(first, annotations, **{CONSUMED: '{"akri.sh/cam": 1}'})
+    )
     waiting = [pod({"akri.sh/cam": 1}) for _ in range(2)]
-    assert len(state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in waiting)) == 1
-    clock.now += GONE_GRACE
-    assert len(state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in waiting)) == 2
+
+    def fit() -> int:
+        return len(state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in waiting))
+
+    clock.now += GONE_GRACE * 4
+    assert fit() == 1, "the slot the running pod claimed must stay taken until the cache shows it"
+
+    slot = json.loads(annotations[ASSIGNMENT])["slots"]["akri.sh/cam"][0]
+    claimed = [
+        instance(c.name, ("n1",), 1, {0: "C:cam-0:n1"} if slot.startswith(c.name) else None, "cam")
+        for c in cams
+    ]
+    state.set_inventory(claimed, CAM)
+    assert uid not in state.assumptions
+    assert fit() == 1  # now held per deviceUsage
+
+
+def test_a_running_pods_assumption_follows_the_corrected_assignment_or_times_out():
+    """The agent could not match the pod to its assignment and claimed another slot: the one
+    assigned at bind is never claimed. Once the agent records what the pod holds, the
+    assumption waits for that slot's claim; with no record, it ends after assume_seconds."""
+    clock = Clock()
+    cams = [instance(f"cam-00000{i}", ("n1",), 1, configuration="cam") for i in (1, 2, 3)]
+    state = state_with(cams, clock)
+    first, second = pod({"akri.sh/cam": 1}), pod({"akri.sh/cam": 1})
+    first_annotations = state.allocate(first, "n1")
+    state.allocate(second, "n1")
+    assigned_first = json.loads(first_annotations[ASSIGNMENT])
+    other = next(
+        f"{c.name}-0"
+        for c in cams
+        if f"{c.name}-0" not in assigned_first["slots"]["akri.sh/cam"]
+        and f"{c.name}-0"
+        not in state.assumptions[second["metadata"]["uid"]].pod["metadata"]["annotations"][
+            ASSIGNMENT
+        ]
+    )
+    corrected = {**assigned_first, "slots": {"akri.sh/cam": [other]}}
+    state.pod_changed(
+        first["metadata"]["uid"],
+        running_as_the_feed_shows_it(
+            first,
+            {ASSIGNMENT: json.dumps(corrected, sort_keys=True)},
+            **{CONSUMED: '{"akri.sh/cam": 1}'},
+        ),
+    )
+    waiting = [pod({"akri.sh/cam": 1}) for _ in range(3)]
+
+    def fit() -> int:
+        return len(state.would_fit((p["metadata"]["uid"], p, ["n1"]) for p in waiting))
+
+    assert fit() == 1  # first's corrected slot and second's assumed: one of three free
+    state.set_inventory(
+        [
+            instance(
+                c.name, ("n1",), 1, {0: "C:cam-0:n1"} if other.startswith(c.name) else None, "cam"
+            )
+            for c in cams
+        ],
+        CAM,
+    )
+    assert first["metadata"]["uid"] not in state.assumptions
+    assert fit() == 1  # the corrected slot held in the cache, second's still assumed
+
+    clock.now += 31  # second was never claimed, nor recorded: its assumption times out
+    assert fit() == 2

@@ -6,8 +6,9 @@ Sources, newest first:
   slots of shared Instances, on every node that sees them, so two pods scheduled back to back
   never both get the last slot. An Akri assumption ends when the agent's claim shows in the
   cache (every assigned slot held by that node; the slots the agent corrected the assignment
-  to, once it has), or ``GONE_GRACE`` after the pod is gone or Running (its claims, if any,
-  are in the cache by then), or after ``assume_seconds``. Not when the pod feed shows the pod:
+  to, once it has), or ``GONE_GRACE`` after the pod is gone (its claims, if any, are in the
+  cache by then), or after ``assume_seconds``. A Running pod's assumption is not cut short:
+  Running says the claims were written, not that the cache has them. Not when the pod feed shows the pod:
   the agent marks an assignment consumed just before it claims, and a look in that window must
   not make the slot look free. Any other assumption (a GPU card) ends when the pod feed counts
   the pod, or the pod is gone;
@@ -53,9 +54,10 @@ from agent.sharing.policy import (
 )
 
 MAX_SCORE = 10
-# How long the assignment of an Akri pod that is gone, or running, still counts (see
-# pod_changed): a claim write's timeout (agent.node.assignments.TAKE_SETTLE_SECONDS) and the
-# cache's way here.
+# How long the assignment of an Akri pod that is gone still counts (see pod_changed): a claim
+# write's timeout (agent.node.assignments.TAKE_SETTLE_SECONDS) and the cache's way here. Also
+# how long a pod the feed shows Running keeps reserving an assignment it never took, when the
+# extender holds no assumption of it (restarted since the bind).
 GONE_GRACE = 6.0
 DEVICE_KEYS = frozenset({ASSIGNMENT, CONSUMED, GPU_INDEX, PREDICATE_TIME})
 
@@ -208,9 +210,14 @@ class SchedulerState:
             if assumption is not None and _counted_by_feed(assumption) and (gone or new):
                 self._forget(uid)
             elif assumption is not None and new is not None:
+                # Running or not, it ends when the cache shows its claims (of the slots the
+                # agent corrected the assignment to, once it has) or after assume_seconds.
+                # Not a few seconds after the pod started: its claims were written before
+                # the kubelet started it, but reach the cache only through the API server,
+                # the controller and its database; on a loaded node that took longer than
+                # any fixed grace, and the slots looked free to the next pod, which the
+                # kubelet then refused (UnexpectedAdmissionError).
                 self._follow(uid, assumption, new)
-                if _running(new):
-                    self._cap(assumption)
             elif assumption is not None and gone:
                 # An Akri pod gone before the cache showed its claims: the agent claims only
                 # for a pod it admitted, within a claim's write; what it claimed shows in the
@@ -218,10 +225,11 @@ class SchedulerState:
                 # whole assume_seconds, its slots stayed taken for that long after the pod.
                 self._cap(assumption)
             if new is not None and _running(new):
-                # Admitted: its Allocate claimed before the kubelet started it, so the claims
-                # reach the cache within GONE_GRACE. The slots assigned at bind may not be the
-                # ones it got (the agent plans alone when it cannot match the pod to its
-                # assignment); still counted, they stayed taken until assume_seconds passed.
+                # Admitted: its Allocate claimed before the kubelet started it. The slots
+                # assigned at bind may not be the ones it got (the agent plans alone when it
+                # cannot match the pod to its assignment); counted from the feed (no
+                # assumption of ours: we restarted since the bind), they stayed taken until
+                # assume_seconds passed. An assumption still counts them (see above).
                 self._running.setdefault(uid, self.clock())
             else:
                 self._running.pop(uid, None)
