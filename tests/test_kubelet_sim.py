@@ -75,7 +75,8 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
             options=self.options,
         )
         with grpc.insecure_channel("unix://" + sim.socket_path) as channel:
-            dp_grpc.RegistrationStub(channel).Register(request, timeout=10)
+            # The kubelet's dial (10 s) and its GetDevicePluginOptions call (5 s) fit in it.
+            dp_grpc.RegistrationStub(channel).Register(request, timeout=20)
 
     def set_devices(self, *devices: tuple[str, str] | tuple[str, str, list[int]]) -> None:
         with self.cond:
@@ -180,7 +181,10 @@ def workdir() -> Iterator[str]:
 
 @pytest.fixture
 def sim(workdir: str) -> Iterator[KubeletSimulator]:
-    with KubeletSimulator(os.path.join(workdir, "dp"), dial_timeout=0.5, rpc_timeout=5) as kubelet:
+    # The kubelet's own dial timeout (10 s): a serving plugin is dialled at once on a quiet
+    # machine, but at load 8 on two cores 0.5 s was once too short (a registration refused
+    # with "context deadline exceeded"). Tests of an absent plugin set a short one.
+    with KubeletSimulator(os.path.join(workdir, "dp"), rpc_timeout=5) as kubelet:
         yield kubelet
 
 
@@ -275,6 +279,7 @@ def test_register_calls_get_device_plugin_options_before_returning(sim, plugins)
 
 def test_register_fails_when_the_plugin_is_not_serving(sim) -> None:
     plugin = FakePlugin(sim.plugin_dir, "absent.sock")
+    sim.dial_timeout = 0.5  # nothing will ever answer: no need to wait the kubelet's 10 s
 
     with pytest.raises(grpc.RpcError) as failure:
         plugin.register(sim)
