@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -270,6 +271,15 @@ class Controller:
             self.queues.start()
         self.usage.start()
         return self
+
+    def listed(self, timeout: float) -> bool:
+        """Whether every watcher of the cache has listed and what they listed is in it,
+        waiting up to ``timeout`` seconds (``agent.heap`` settles the heap then)."""
+        deadline = time.monotonic() + timeout
+        for event in (self.pods.synced, self.nodes.synced):
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return self.sync.wait_synced(max(0.01, deadline - time.monotonic()))
 
     def stopped_watchers(self) -> list[str]:
         """The watcher threads of a started controller that have ended (none while it works)."""

@@ -378,6 +378,9 @@ AKRI = {
     # into one row per Configuration x node per minute, kept this long (the 7 d range needs 168).
     "USAGE_SAMPLE_SECONDS": env.number("AKRI_USAGE_SAMPLE_SECONDS", 60.0, minimum=1),
     "USAGE_HISTORY_HOURS": env.number("AKRI_USAGE_HISTORY_HOURS", 192.0, minimum=1),
+    # runcontroller: collection off during the first sync, then its objects frozen out of
+    # full collections (agent.heap); false for CPython's default collection throughout.
+    "CONTROLLER_GC_FREEZE": env.boolean("AKRI_CONTROLLER_GC_FREEZE", True),
     # Coalescing window of the live fan-out to browsers.
     "LIVE_COALESCE_MS": env.integer("AKRI_LIVE_COALESCE_MS", 100, minimum=0, maximum=5000),
     # An open websocket checks its session and role again this often (and on every frame).

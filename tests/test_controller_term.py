@@ -4,6 +4,8 @@ watchers; a resigned elector releases at once and holds off so a rival takes ove
 
 from __future__ import annotations
 
+import gc
+import threading
 import urllib.error
 import urllib.request
 
@@ -12,6 +14,7 @@ from django.db import OperationalError
 
 from agent import metrics
 from agent.exporter import MetricsServer
+from agent.heap import SyncCollection
 from agent.leader import CONTROLLER_LEASE
 from agent.management.commands import runcontroller
 from agent.management.commands.runcontroller import START_ATTEMPTS, Term
@@ -39,6 +42,7 @@ class FlakyController:
     def __init__(self, api_client, namespace) -> None:
         self.stopped = False
         self.threads_ended: list[str] = []
+        self.lists_done = threading.Event()
         FlakyController.made.append(self)
 
     def start(self) -> FlakyController:
@@ -53,6 +57,9 @@ class FlakyController:
     def stopped_watchers(self) -> list[str]:
         return self.threads_ended
 
+    def listed(self, timeout: float) -> bool:
+        return self.lists_done.wait(timeout)
+
 
 @pytest.fixture
 def term(monkeypatch):
@@ -64,7 +71,9 @@ def term(monkeypatch):
     made.elector = FakeElector()
     made.slept = []
     made.sleep = made.slept.append
-    return made
+    yield made
+    made.stop()  # its heap-settle thread joined, collection on again
+    gc.unfreeze()  # a test term's freeze must not keep this process's objects frozen
 
 
 def test_a_term_that_fails_to_start_is_retried_with_backoff_until_it_works(term):
@@ -101,6 +110,46 @@ def test_a_term_stops_retrying_once_it_no_longer_leads(term):
 
     assert len(FlakyController.made) == 1
     assert term.elector.resigned == []
+
+
+def test_a_term_collects_nothing_until_its_controller_has_listed_then_freezes_the_heap(term):
+    """agent.heap: the first sync loads the cache without full collections; once every
+    watcher has listed, its objects are frozen out of later ones and collection is on."""
+    term.start()
+    assert not gc.isenabled()
+    assert term.heap.frozen == 0
+
+    term.controller.lists_done.set()
+    term.heap._thread.join(timeout=10)
+
+    assert gc.isenabled()
+    assert term.heap.frozen > 0
+    assert gc.get_freeze_count() > 0  # fewer by now: frozen objects still die by refcount
+
+
+def test_a_term_stopped_before_its_controller_listed_turns_collection_on_and_freezes_nothing(
+    term,
+):
+    term.start()
+    assert not gc.isenabled()
+
+    term.stop()
+
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+
+
+def test_collection_comes_back_on_after_the_bound_even_if_the_lists_never_end():
+    never = threading.Event()
+    heap = SyncCollection(never.wait, settle_after=0.2).start()
+    try:
+        assert not gc.isenabled()
+        heap._thread.join(timeout=10)
+        assert gc.isenabled()
+        assert heap.frozen > 0
+    finally:
+        heap.stop()
+        gc.unfreeze()
 
 
 def test_a_watcher_that_ended_fails_the_health_of_a_leader(term):

@@ -23,6 +23,7 @@ from django.db import connections
 
 from agent import exporter, metrics
 from agent.controller import Controller
+from agent.heap import SyncCollection
 from agent.kube.client import new_api_client
 from agent.leader import CONTROLLER_LEASE, configured_timing
 from agent.leader.election import LeaderElector
@@ -49,6 +50,7 @@ class Term:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.controller: Controller | None = None
+        self.heap: SyncCollection | None = None
         self.elector: LeaderElector | None = None  # set once made; None: no election
         self.sleep = time.sleep
 
@@ -77,6 +79,8 @@ class Term:
                     self.sleep(delay)
                     delay = min(delay * 2, START_BACKOFF_MAX)
                 continue
+            if settings.AKRI["CONTROLLER_GC_FREEZE"]:
+                self.heap = SyncCollection(self.controller.listed).start()
             metrics.LEADER.labels(CONTROLLER_LEASE).set(1)
             return
         log.error(
@@ -89,6 +93,9 @@ class Term:
 
     def stop(self) -> None:
         metrics.LEADER.labels(CONTROLLER_LEASE).set(0)
+        heap, self.heap = self.heap, None
+        if heap is not None:
+            heap.stop()
         controller, self.controller = self.controller, None
         if controller is not None:
             controller.stop()
