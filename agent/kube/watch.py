@@ -13,6 +13,7 @@ namespace should write the cache; agents in one process share it (``shared_sync`
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import queue
@@ -230,10 +231,27 @@ class ResourceWatcher:
         self.synced.set()
 
     def watch_once(self) -> None:
-        self._watch = _Watch(raw=self.to_dict)
+        if self._stopping.is_set() or self._relist_wanted.is_set():
+            return  # stopped (or told to relist) while listing: open no stream
+        current = self._watch = _Watch(raw=self.to_dict)
+
+        @functools.wraps(self.list_func)  # the official Watch reads its signature and doc
+        def open_stream(*args: Any, **kwargs: Any) -> Any:
+            # A stop() between the check above and this answer found no response to shut
+            # down, and Watch.stream() clears the stop flag it set: the stream would block
+            # until its first event or timeoutSeconds (55 s), outliving stop()'s join. So the
+            # response is published first, then the flags are read: whichever of the two
+            # threads comes second shuts it down.
+            resp = self.list_func(*args, **kwargs)
+            current._resp = resp
+            if self._stopping.is_set() or self._relist_wanted.is_set():
+                with contextlib.suppress(Exception):
+                    resp.shutdown()
+            return resp
+
         try:
-            stream = self._watch.stream(
-                self.list_func,
+            stream = current.stream(
+                open_stream,
                 *self.list_args,
                 resource_version=self.resource_version,
                 timeout_seconds=self.timeout_seconds,
