@@ -74,6 +74,17 @@ def test_production_refuses_to_start_insecurely_with_one_line(overrides, message
     assert line.startswith(f"akri-site: configuration error: {message}"), line
 
 
+def test_a_garbage_gc_freeze_setting_stops_start_up_with_one_line():
+    done = manage("check", AKRI_CONTROLLER_GC_FREEZE="sometimes")
+
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line == (
+        "akri-site: configuration error: AKRI_CONTROLLER_GC_FREEZE='sometimes' is not a boolean "
+        "(use one of: true, false, 1, 0, yes, no)"
+    ), line
+
+
 def test_redis_alone_means_production_too():
     done = manage("check", REDIS_URL="redis://127.0.0.1:6379/2")
 
