@@ -6,8 +6,10 @@ utils, leaderelection, informer. ``kubernetes.config``'s ``__init__`` imports th
 loader with requests, requests_oauthlib and oauthlib, which a pod reading its service account
 never calls. Django's ``django.contrib.auth`` imports ``django.views`` for one decorator, whose
 ``__init__`` loads the generic views, and they and the model fields load ``django.forms`` and
-with it the template engine: an agent renders no form and serves no view. All that was some
-10 MB of every agent's memory, on every node (issue 32 §6, ``bench agent-memory``).
+with it the template engine: an agent renders no form and serves no view. Django's database
+operations import sqlparse for splitting SQL scripts (migrations), which the agent's process
+never does: about 0.5 MB more. All that was some 10 MB of every agent's memory, on every node
+(issue 32 §6, ``bench agent-memory``).
 
 ``defer()`` puts these packages in ``sys.modules`` without running their ``__init__``. Nothing
 is missing: a sub-package is imported when it is first asked for (``kubernetes.dynamic``), and
@@ -23,7 +25,7 @@ import sys
 import threading
 from types import ModuleType
 
-PACKAGES = ("kubernetes", "kubernetes.config", "django.views", "django.forms")
+PACKAGES = ("kubernetes", "kubernetes.config", "django.views", "django.forms", "sqlparse")
 
 _lock = threading.RLock()
 

@@ -16,23 +16,28 @@
 - ``health-propagation``: from a ``deviceUsage`` change in the API server to the new device
   list reaching the kubelet simulator of a node that did not make the change.
 - ``agent-memory``: ``manage.py runagent`` as its DaemonSet runs it, in a process of its own:
-  its own SQLite, ``AKRI_AGENT_ONLY=true`` (no web stack), bytecode compiled as in the image,
+  its own SQLite, ``AKRI_AGENT_ONLY=true`` (no web stack), ``-OO -X no_debug_ranges`` from
+  bytecode compiled with those flags as in the image (into a cache of the bench's own),
   in-cluster configuration over TLS (``TlsFront``), slot reconciler on; serving 100 Instances
   (100 IL plugins and one CL plugin). ``rss_mb`` once every plugin the API server's Instances
   call for is registered and lists its devices healthy (checked one by one), ``peak_rss_mb``
-  the process's high-water mark after a kubelet restart had them all register anew.
+  the process's high-water mark after a kubelet restart had them all register anew. Before
+  it, the baseline: the same agent started plainly (``plain_rss_mb``, ``flags_saved_mb``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -504,12 +509,114 @@ def bench_health_propagation(quick: bool = False, stdout: Any = None) -> dict[st
     }
 
 
+# As the agent's DaemonSet runs it (deploy/base/agent.yaml): -OO (no docstrings, no asserts) and
+# -X no_debug_ranges (no column tables in code objects), from bytecode compiled with the same
+# flags when the image was built (deploy/Containerfile).
+OPTIMIZED = {"PYTHONOPTIMIZE": "2", "PYTHONNODEBUGRANGES": "1"}
+FLAGS = ("-OO", "-X", "no_debug_ranges")
+# Left out of the processes the bench starts, whatever its own environment holds.
+PYTHON_ENV = (*OPTIMIZED, "PYTHONPYCACHEPREFIX")
+
+
 def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, object]:
     """``rss_mb`` once the 100 Instances' plugins are registered and listing their devices,
     ``peak_rss_mb`` the most the process ever held (its VmHWM) after a kubelet restart has had
     every plugin serve and register anew. The agent is configured as in its pod: in-cluster,
-    over TLS with a service-account token (``TlsFront``), not from a kubeconfig."""
+    over TLS with a service-account token (``TlsFront``), not from a kubeconfig, and runs with
+    its DaemonSet's ``OPTIMIZED`` flags from bytecode compiled with them. The baseline, from
+    the same run: the same agent started plainly (``plain_rss_mb``); ``flags_saved_mb`` is
+    that minus ``rss_mb``."""
     ensure_migrated()
+    # The plain agent reads the bytecode compiled beside the sources, as the image's other
+    # processes do; compiling its modules at start-up instead would leave some 2 MB more in
+    # the heap, and a figure that depends on the working tree.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "agent", "akri_site"],
+        cwd=str(settings.BASE_DIR),
+        check=True,
+    )
+    cache = _optimized_bytecode()
+    # Empty is unset: a module the optimized agent compiles at start-up leaves its .pyc in
+    # the cache, where the bench looks for it (the image sets PYTHONDONTWRITEBYTECODE).
+    optimized = {**OPTIMIZED, "PYTHONPYCACHEPREFIX": str(cache), "PYTHONDONTWRITEBYTECODE": ""}
+    _check_optimized(optimized)
+    plain = _agent_memory({})
+    for key in ("exit_code", "sockets_left"):
+        if plain[key]:
+            raise RuntimeError(f"the plain agent's {key} was {plain[key]}")
+    before = _files(cache)
+    figures = _agent_memory(optimized)
+    # Every module the agent imported was found compiled: one compiled at start-up instead
+    # (its .pyc then written into the cache) leaves the compiler's garbage in the figure.
+    compiled = sorted(_files(cache) - before)
+    if compiled:
+        raise RuntimeError(f"the agent compiled {len(compiled)} modules at start: {compiled[:3]}")
+    return {
+        "rss_mb": figures["rss_mb"],
+        "plain_rss_mb": plain["rss_mb"],
+        "flags_saved_mb": plain["rss_mb"] - figures["rss_mb"],
+        **figures,
+    }
+
+
+def _optimized_bytecode() -> Path:
+    """Everything the agent may import (the standard library, the venv's site-packages, the
+    project) compiled with ``FLAGS`` into a cache of the bench's own, through
+    PYTHONPYCACHEPREFIX: nothing is written into the Python installation or the venv, and
+    no .pyc compiled otherwise is ever read. compileall skips what is up to date: the first
+    run compiles for a minute or two, later ones take seconds."""
+    cache = (
+        Path(settings.VAR_DIR)
+        / "bench-pycache"
+        / f"OO-no_debug_ranges-{sys.implementation.cache_tag}"
+    )
+    paths = sysconfig.get_paths()
+    stdlib = paths["stdlib"]
+    sources = [stdlib, paths["purelib"], paths["platlib"]]
+    sources += [str(settings.BASE_DIR / "agent"), str(settings.BASE_DIR / "akri_site")]
+    subprocess.run(
+        [sys.executable, *FLAGS, "-m", "compileall", "-q", "-j0"]
+        # The standard library's own tests hold files that are not Python on purpose.
+        + ["-x", f"^{re.escape(stdlib)}/(test|lib2to3/tests)/", *dict.fromkeys(sources)],
+        env={**_python_env(), "PYTHONPYCACHEPREFIX": str(cache)},
+        check=True,
+    )
+    return cache
+
+
+def _check_optimized(env: dict[str, str]) -> None:
+    """A process started with ``env`` runs optimized: ``json``'s docstring gone, its code
+    without column positions, its bytecode looked for in the bench's cache."""
+    code = (
+        "import json, sys\n"
+        "print(json.dumps([sys.flags.optimize, json.__doc__, json.__cached__,\n"
+        "    sorted({p[2:] for p in json.dumps.__code__.co_positions()})]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**_python_env(), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    optimize, doc, cached, columns = json.loads(done.stdout)
+    cache = env["PYTHONPYCACHEPREFIX"]
+    if (optimize, doc, columns) != (2, None, [[None, None]]) or not cached.startswith(cache):
+        raise RuntimeError(f"a process with {env} did not run as the DaemonSet's: {done.stdout}")
+
+
+def _python_env() -> dict[str, str]:
+    """This process's environment without ``PYTHON_ENV``."""
+    return {k: v for k, v in os.environ.items() if k not in PYTHON_ENV}
+
+
+def _files(root: Path) -> set[str]:
+    return {os.path.join(d, name) for d, _, names in os.walk(root) for name in names}
+
+
+def _agent_memory(python: dict[str, str]) -> dict[str, Any]:
+    """One ``manage.py runagent`` serving 100 Instances, its interpreter started with the
+    environment ``python`` adds; its figures once every plugin is checked served."""
     count = 100
     root = tempfile.mkdtemp(prefix="bm", dir="/tmp")
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
@@ -527,7 +634,7 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
             (account / "token").write_text("bench-token")
             shutil.copy(front.ca, account / "ca.crt")
             env = dict(
-                os.environ,
+                _python_env(),
                 AKRI_SQLITE_PATH=os.path.join(root, "agent.sqlite3"),
                 KUBECONFIG="",
                 KUBERNETES_SERVICE_HOST="127.0.0.1",
@@ -540,18 +647,13 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
                 METRICS_PORT=str(metrics_port),
                 AKRI_METRICS_ADDRESS="127.0.0.1",
                 METRICS_TOKEN=METRICS_TOKEN,
-                # As the agent's DaemonSet runs it: no web stack loaded (see settings).
+                # As the agent's DaemonSet runs it: no web stack loaded (see settings), and
+                # glibc's malloc arenas bounded.
                 AKRI_AGENT_ONLY="true",
+                MALLOC_ARENA_MAX="2",
             )
+            # Plain, as the DaemonSet's init container runs it.
             subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True)
-            # The image runs the project from bytecode compiled when it was built
-            # (deploy/Containerfile); compiling its modules at start-up instead would leave
-            # some 2 MB more in the heap, and a figure that depends on the working tree.
-            subprocess.run(
-                [sys.executable, "-m", "compileall", "-q", "agent", "akri_site"],
-                cwd=str(settings.BASE_DIR),
-                check=True,
-            )
             kubelet.start()
             with open(log_path, "w") as log:
                 proc = subprocess.Popen(
@@ -565,7 +667,7 @@ def bench_agent_memory(quick: bool = False, stdout: Any = None) -> dict[str, obj
                         f"--registration-socket={os.path.join(root, 'reg.sock')}",
                         f"--debug-echo-availability={os.path.join(root, 'echo')}",
                     ],
-                    env=env,
+                    env={**env, **python},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )

@@ -4,11 +4,12 @@ The world (defaults from issue 32 §5): 50 nodes in racks of 5; each rack shares
 every Instance has slots held by 5 nodes; 5,000 pods (100 a node) are deleted by one
 ``deletecollection`` while 500 live pods (10 a node) on the same Instances keep running. The
 API-server simulator runs in a process of its own, as a real API server would, and so do the
-nodes' kubelets (a ``PodFinisher`` each: the kubelet's side of pod deletion). The bench process
-holds the agents: each node's ``NodeReconciler`` (the release path: pod watch, bindings, claim
-store) over a PodResources stand-in, sharing one ``CacheSync`` and one database (on a cluster
-each agent has its own; here they all queue on one SQLite write lock, or share PostgreSQL when
-``DATABASE_URL`` names one).
+nodes' kubelets (a ``PodFinisher`` each: the kubelet's side of pod deletion). The agents run in
+processes of their own, ``AGENTS_PER_PROCESS`` nodes to a process: each node's
+``NodeReconciler`` (the release path: pod watch, bindings, claim store) over a PodResources
+stand-in, the process's nodes sharing one ``CacheSync`` and one SQLite file of the process's own,
+as each agent of the DaemonSet has its own. On a cluster every agent has an interpreter of its
+own; 50 in one measured its interpreter lock, not the agents (see ``AGENTS_PER_PROCESS``).
 
 Figures, for the reconcilers as the agent runs them (releases of one Instance due together
 folded into one conditional write):
@@ -29,6 +30,7 @@ free, every live slot still held by its node, every pod gone.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -44,17 +46,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import CommandError
-from django.db import connection
+from django.conf import settings
 from kubernetes import client, watch
 
-from agent.bench import ensure_migrated, percentile
+from agent.bench import percentile
 from agent.domain.holdings import HOLDS
 from agent.domain.naming import il_resource_name, slot_key
 from agent.kube.claims import ClaimStore
 from agent.kube.client import GROUP, INSTANCES, VERSION, AkriApi, new_api_client
 from agent.kube.watch import CacheSync
-from agent.models import Instance, ReconcileRun, SlotPodBinding
+from agent.models import ReconcileRun
 from agent.node.podresources import DeviceUse
 from agent.node.reconcile import NodeReconciler
 from agent.simulator.kubelet_pods import PodFinisher
@@ -65,9 +66,13 @@ TIMEOUT = 300.0
 QUICK = {"nodes": 5, "pods": 100, "live": 20}
 DEFAULT = {"nodes": 50, "pods": 5000, "live": 500}
 STORM_LABEL = "akri-bench/storm"
-# Database connections one agent's reconciler holds in a storm (its pools' threads each keep
-# one): 54 at 5 nodes, the bench's own included, measured on PostgreSQL.
-CONNECTIONS_PER_AGENT = 12
+# Agents (nodes) to a process. All 50 in one interpreter, their hundreds of threads queued on
+# its lock: a submit to a thread pool took 0.7 s at p95, a deleted pod reached its agent's
+# watch up to 2 s after the bench's, and free_p95_s was 3.2-5.1 s (writes_per_slot 0.29, as
+# the agents fell behind and their backlog went out in few writes). Measured side by side on
+# this 2-core machine: 10 to a process, 2.39 s (five caches' work took the kubelets' CPU:
+# the pods took 19 s to go); 25 to a process, 1.41-1.60 s.
+AGENTS_PER_PROCESS = 25
 
 
 def bench_release_storm(
@@ -77,14 +82,12 @@ def bench_release_storm(
     pods: int | None = None,
     live: int | None = None,
 ) -> dict[str, object]:
-    ensure_migrated()
     size = dict(QUICK if quick else DEFAULT)
     for key, value in (("nodes", nodes), ("pods", pods), ("live", live)):
         if value is not None:
             size[key] = value
     if size["nodes"] < 1 or size["pods"] < size["nodes"] or size["live"] < 0:
         raise ValueError(f"a storm needs nodes >= 1 and pods >= nodes: {size}")
-    _check_connections(size["nodes"])
     # The baseline first, so that the figure that counts does not run on a warmer machine.
     unfolded = Storm(fold=False, **size).run(stdout)
     folded = Storm(fold=True, **size).run(stdout)
@@ -102,25 +105,6 @@ def bench_release_storm(
         "writes_ratio": folded.writes_per_slot / unfolded.writes_per_slot,
         "free_p95_ratio": folded.free_p95 / unfolded.free_p95 if unfolded.free_p95 else 0.0,
     }
-
-
-def _check_connections(nodes: int) -> None:
-    """The bench's agents share this process and its database (on a cluster each has its
-    own): on PostgreSQL they need more connections than its default 100 allows at 50 nodes,
-    and each agent's reconciler would retry "too many clients" without end. Refused first."""
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW max_connections")
-        allowed = int(cursor.fetchone()[0])
-    needed = nodes * CONNECTIONS_PER_AGENT
-    if needed > allowed:
-        raise CommandError(
-            f"release-storm: {nodes} agents in one process need about {needed} PostgreSQL "
-            f"connections and max_connections is {allowed}: run it on SQLite (DATABASE_URL "
-            f"unset), with --nodes {max(1, allowed // CONNECTIONS_PER_AGENT)} or fewer, or "
-            "raise max_connections"
-        )
 
 
 # --- the kubelet's side --------------------------------------------------------------------------
@@ -196,7 +180,6 @@ class Storm:
         self.instances: dict[str, dict[str, str]] = {}  # name -> deviceUsage
         # node -> (pod, Instance, slot, live?)
         self.holds: dict[str, list[tuple[str, str, str, bool]]] = defaultdict(list)
-        self.patches = Counter()
 
     @property
     def _name(self) -> str:
@@ -205,28 +188,24 @@ class Storm:
     def run(self, stdout: Any = None) -> Result:
         root = tempfile.mkdtemp(prefix="akstorm", dir="/tmp")
         server = _start_simulator(root, self.namespace)
-        reconcilers: list[NodeReconciler] = []
-        finishers = sync = watches = None
+        agents: list[AgentsProcess] = []
+        finishers = watches = None
         try:
             kubeconfig = os.path.join(root, "kubeconfig")
             api_client = new_api_client(kubeconfig)
             self._plan()
             self._create(api_client)
-            sync = CacheSync(new_api_client(kubeconfig), self.namespace, owner="storm").start()
-            sync.wait_synced()
-            kubelets = self._kubelets()
-            for node in self.node_names:
-                reconcilers.append(self._reconciler(node, kubelets[node], kubeconfig, sync))
-            self._wait_learned(reconcilers)
+            agents = self._start_agents(root, kubeconfig)
             self._wait_published(api_client)
-            for reconciler in reconcilers:  # and their books are written
-                if not reconciler.flush(timeout=TIMEOUT):
-                    raise RuntimeError(f"{reconciler.node} did not write its books in time")
             finishers = _start_kubelets(kubeconfig, self.namespace, self.node_names)
-            node_of = {pod: node for node, held in self.holds.items() for pod, *_ in held}
+            process_of = {
+                pod: agents[i // AGENTS_PER_PROCESS]
+                for i, node in enumerate(self.node_names)
+                for pod, *_ in self.holds[node]
+            }
 
             def stopped(pod: str) -> None:  # the kubelet stopped it: PodResources lists it no more
-                kubelets[node_of[pod]].remove_pod(self.namespace, pod)
+                process_of[pod].tell(f"gone {pod}")
 
             watches = Watches(
                 new_api_client(kubeconfig), self.namespace, self.live_keys, stopped
@@ -234,8 +213,8 @@ class Storm:
             if stdout is not None:
                 stdout.write(f"  {self._name}: world ready, deleting\n")
                 stdout.flush()
-            result = self._storm(api_client, watches)
-            self._check(api_client, reconcilers)
+            result = self._storm(api_client, watches, agents)
+            self._check(api_client, agents)
             if stdout is not None:
                 stdout.write(f"  {self._name}: {result}\n")
             return result
@@ -244,14 +223,11 @@ class Storm:
                 watches.stop()
             if finishers is not None:
                 _stop(finishers)
-            for reconciler in reconcilers:
-                reconciler.stop()
-            if sync is not None:
-                sync.stop()
+            for process in agents:
+                _stop(process.process)
             server.terminate()
             server.wait(30)
             shutil.rmtree(root, ignore_errors=True)
-            _forget(self.namespace, self.node_names)
 
     # --- the world ------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -291,40 +267,31 @@ class Storm:
                 bodies.append(_pod_body(pod, node, il_resource_name(instance), is_live))
         _in_parallel(lambda body: core.create_namespaced_pod(self.namespace, body), bodies)
 
-    def _kubelets(self) -> dict[str, StormKubelet]:
-        kubelets = {node: StormKubelet(node) for node in self.node_names}
-        for node, held in self.holds.items():
-            for pod, instance, key, _ in held:
-                use = DeviceUse(il_resource_name(instance), key, self.namespace, pod, "main")
-                kubelets[node].hold(use)
-        return kubelets
-
-    def _reconciler(
-        self, node: str, kubelet: StormKubelet, kubeconfig: str, sync: CacheSync
-    ) -> NodeReconciler:
-        api_client = new_api_client(kubeconfig)
-        api = CountingApi(api_client, self.namespace, self.patches)
-        claims = ClaimStore(api, f"agent:{node}", sync=sync)
-        return NodeReconciler(
-            node=node,
-            namespace=self.namespace,
-            pod_resources=kubelet,
-            claims=claims,
-            api_client=api_client,
-            sync=sync,
-            sweep_interval=3600,
-            fold_releases=self.fold,
-        ).start(startup_timeout=60)
-
-    def _wait_learned(self, reconcilers: list[NodeReconciler]) -> None:
-        """The start-up sweeps adopt every held slot and learn its pod from PodResources."""
-        deadline = time.monotonic() + TIMEOUT
-        for reconciler in reconcilers:
-            wanted = {pod for pod, _, _, _ in self.holds[reconciler.node]}
-            while {b.pod_name for b in reconciler.bindings()} != wanted:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{reconciler.node} did not learn its pods in time")
-                time.sleep(0.05)
+    def _start_agents(self, root: str, kubeconfig: str) -> list[AgentsProcess]:
+        """The agents' processes (``agents_main``), each on a SQLite file of its own migrated
+        from one template; returns once every agent has learned its pods and written its
+        books."""
+        template = os.path.join(root, "template.sqlite3")
+        subprocess.run(
+            [sys.executable, str(settings.BASE_DIR / "manage.py"), "migrate", "-v", "0"],
+            env={**os.environ, "AKRI_SQLITE_PATH": template, "DATABASE_URL": ""},
+            check=True,
+        )
+        agents = []
+        for i in range(0, len(self.node_names), AGENTS_PER_PROCESS):
+            nodes = self.node_names[i : i + AGENTS_PER_PROCESS]
+            database = os.path.join(root, f"agents-{i:03d}.sqlite3")
+            shutil.copy(template, database)
+            plan = os.path.join(root, f"agents-{i:03d}.json")
+            held = {node: [[pod, instance, key] for pod, instance, key, _ in self.holds[node]]
+                    for node in nodes}  # fmt: skip
+            Path(plan).write_text(json.dumps(held))
+            agents.append(
+                AgentsProcess.start(kubeconfig, self.namespace, self.fold, plan, database)
+            )
+        for process in agents:  # they start side by side
+            process.wait_ready()
+        return agents
 
     def _wait_published(self, api_client: client.ApiClient) -> None:
         """Pods run a while before they end: the agents have written on each pod what it
@@ -340,14 +307,16 @@ class Storm:
             time.sleep(0.5)
 
     # --- the storm ------------------------------------------------------------------------------
-    def _storm(self, api_client: client.ApiClient, watches: Watches) -> Result:
+    def _storm(
+        self, api_client: client.ApiClient, watches: Watches, agents: list[AgentsProcess]
+    ) -> Result:
         core = client.CoreV1Api(api_client)
-        writes_before = self.patches.value
+        writes_before = sum(process.ask("count")["patches"] for process in agents)
         started = time.monotonic()
         core.delete_collection_namespaced_pod(self.namespace, label_selector=f"{STORM_LABEL}=yes")
         delete_s = time.monotonic() - started
         watches.wait(set(self.storm_keys), set(self.storm_keys.values()), TIMEOUT)
-        writes = self.patches.value - writes_before
+        writes = sum(process.ask("count")["patches"] for process in agents) - writes_before
         latencies = [watches.freed[key] - watches.gone[pod] for key, pod in self.storm_keys.items()]
         return Result(
             writes_per_slot=round(writes / len(self.storm_keys), 3),
@@ -358,7 +327,7 @@ class Storm:
             gone_s=round(max(watches.gone.values()) - started, 2),
         )
 
-    def _check(self, api_client: client.ApiClient, reconcilers: list[NodeReconciler]) -> None:
+    def _check(self, api_client: client.ApiClient, agents: list[AgentsProcess]) -> None:
         """The answers, from the API server: loudly wrong rather than quietly fast."""
         akri = AkriApi(api_client, self.namespace)
         usage: dict[str, str] = {}
@@ -374,9 +343,7 @@ class Storm:
                 f" {len(moved)} live slots changed {moved[:5]}, {len(left)} storm pods left,"
                 f" {len(pods)} pods in all for {len(self.live_keys)} live"
             )
-        for reconciler in reconcilers:
-            reconciler.flush(timeout=60)
-        errors = ReconcileRun.objects.filter(node__in=self.node_names, errors__gt=0).count()
+        errors = sum(process.ask("check")["errors"] for process in agents)
         if errors:
             raise RuntimeError(f"{errors} reconcile runs counted errors during the storm")
 
@@ -616,7 +583,121 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait(10)
 
 
-def _forget(namespace: str, nodes: list[str]) -> None:
-    """Bench rows out of the cache (history rows stay, as history does)."""
-    Instance.objects.filter(namespace=namespace).delete()
-    SlotPodBinding.objects.filter(namespace=namespace).delete()
+# --- the agents' side ----------------------------------------------------------------------------
+class AgentsProcess:
+    """Some nodes' agents in a process of their own (``agents_main``), told over its stdin
+    which pods their kubelets stopped (``gone <pod>``, from the bench's pod watch: one watch
+    for all, not one more per process) and asked ``count`` (the Instance PATCH requests sent
+    so far) and ``check`` (books written, and the reconcile runs that counted errors); it ends
+    when its stdin closes."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self._writing = threading.Lock()  # the bench's pod watch tells, its main thread asks
+
+    @classmethod
+    def start(
+        cls, kubeconfig: str, namespace: str, fold: bool, plan: str, database: str
+    ) -> AgentsProcess:
+        code = "import django; django.setup(); from agent.bench import storm; storm.agents_main()"
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, kubeconfig, namespace, "1" if fold else "0", plan],
+            cwd=settings.BASE_DIR,
+            env={
+                "DJANGO_SETTINGS_MODULE": "akri_site.settings",
+                **os.environ,
+                "AKRI_SQLITE_PATH": database,
+                "DATABASE_URL": "",
+            },
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
+            text=True,
+        )
+        return cls(process)
+
+    def wait_ready(self) -> None:
+        if self.process.stdout.readline().strip() != "ready":
+            _stop(self.process)
+            raise RuntimeError("an agents' process did not start (AKRI_BENCH_VERBOSE=1 shows why)")
+
+    def tell(self, line: str) -> None:
+        """A line with no answer: ``gone <pod>``, its kubelet stopped the pod."""
+        with self._writing:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+
+    def ask(self, command: str) -> dict[str, int]:
+        self.tell(command)
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"an agents' process ended before answering {command!r}")
+        return json.loads(answer)
+
+
+def agents_main() -> None:
+    """An agents' process (``AgentsProcess``): argv is kubeconfig, namespace, fold (1 or 0) and
+    the plan, a JSON file of node -> [pod, Instance, slot] held there."""
+    kubeconfig, namespace, fold, plan_path = sys.argv[1:]
+    plan: dict[str, list[list[str]]] = json.loads(Path(plan_path).read_text())
+    kubelets = {node: StormKubelet(node) for node in plan}
+    node_of = {}
+    for node, held in plan.items():
+        for pod, instance, key in held:
+            kubelets[node].hold(DeviceUse(il_resource_name(instance), key, namespace, pod, "main"))
+            node_of[pod] = node
+    patches = Counter()
+    sync = CacheSync(new_api_client(kubeconfig), namespace, owner="storm").start()
+    reconcilers: list[NodeReconciler] = []
+    try:
+        sync.wait_synced()
+        for node in plan:
+            api_client = new_api_client(kubeconfig)
+            reconcilers.append(
+                NodeReconciler(
+                    node=node,
+                    namespace=namespace,
+                    pod_resources=kubelets[node],
+                    claims=ClaimStore(
+                        CountingApi(api_client, namespace, patches), f"agent:{node}", sync=sync
+                    ),
+                    api_client=api_client,
+                    sync=sync,
+                    sweep_interval=3600,
+                    fold_releases=fold == "1",
+                ).start(startup_timeout=60)
+            )
+        _wait_learned(reconcilers, plan)
+        for reconciler in reconcilers:
+            if not reconciler.flush(timeout=TIMEOUT):
+                raise SystemExit(f"{reconciler.node} did not write its books in time")
+
+        print("ready", flush=True)
+        for line in sys.stdin:  # until the bench closes it
+            command, _, pod = line.strip().partition(" ")
+            if command == "gone":  # its kubelet stopped it: PodResources lists it no more
+                kubelets[node_of[pod]].remove_pod(namespace, pod)
+                continue
+            if command == "count":
+                answer = {"patches": patches.value}
+            else:  # "check"
+                for reconciler in reconcilers:
+                    reconciler.flush(timeout=60)
+                errors = ReconcileRun.objects.filter(node__in=list(plan), errors__gt=0).count()
+                answer = {"errors": errors}
+            print(json.dumps(answer), flush=True)
+    finally:
+        for reconciler in reconcilers:
+            reconciler.stop()
+        sync.stop()
+
+
+def _wait_learned(reconcilers: list[NodeReconciler], plan: dict[str, list[list[str]]]) -> None:
+    """The start-up sweeps adopt every held slot and learn its pod from PodResources."""
+    deadline = time.monotonic() + TIMEOUT
+    for reconciler in reconcilers:
+        wanted = {pod for pod, _, _ in plan[reconciler.node]}
+        while {b.pod_name for b in reconciler.bindings()} != wanted:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{reconciler.node} did not learn its pods in time")
+            time.sleep(0.05)

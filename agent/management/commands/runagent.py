@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -21,7 +19,6 @@ from agent.node.agent import NodeAgent, default_handlers
 log = logging.getLogger(__name__)
 
 REGISTRATION_SOCKET_NAME = "agent-registration.sock"
-M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class Command(BaseCommand):
@@ -72,7 +69,6 @@ class Command(BaseCommand):
         node = options["node_name"]
         if not node:
             raise CommandError("--node-name (or NODE_NAME) is required")
-        _fewer_malloc_arenas()
         stopping = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.set())
@@ -103,12 +99,3 @@ class Command(BaseCommand):
             if metrics_server is not None:
                 metrics_server.stop()
         self.stdout.write(f"agent for {node} stopped")
-
-
-def _fewer_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives threads that allocate at once arenas of their own, up to eight per core,
-    and memory freed in one stays with the process. The agent's threads (watches, the plugins'
-    gRPC, pools) each allocate little: two arenas hold it all with less left over. Elsewhere
-    than glibc, nothing happens."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)
