@@ -540,22 +540,26 @@ def _start_kubelets(kubeconfig: str, namespace: str, nodes: list[str]) -> subpro
     own, as on a cluster where they run on other machines: in the agents' process, 50 of them
     took its interpreter lock, and the agents saw each deletion seconds late. Returns once
     every one has listed its pods; it ends when its stdin closes."""
-    code = (
-        "import sys, django; django.setup(); from agent.bench import storm; storm.kubelets_main()"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, kubeconfig, namespace, *nodes],
-        cwd=Path(__file__).resolve().parents[2],
-        env={"DJANGO_SETTINGS_MODULE": "akri_site.settings", **os.environ},
+    process = _bench_process("kubelets_main", [kubeconfig, namespace, *nodes])
+    if process.stdout.readline().strip() != "synced":
+        _stop(process)
+        raise RuntimeError("the kubelets' process did not start")
+    return process
+
+
+def _bench_process(main: str, args: list[str], **env: str) -> subprocess.Popen:
+    """``storm.<main>()`` in a process of its own, Django set up, ``args`` as its argv, talked
+    to over its stdin and stdout (its log shown only with AKRI_BENCH_VERBOSE)."""
+    code = f"import django; django.setup(); from agent.bench import storm; storm.{main}()"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=settings.BASE_DIR,
+        env={"DJANGO_SETTINGS_MODULE": "akri_site.settings", **os.environ, **env},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
         text=True,
     )
-    if process.stdout.readline().strip() != "synced":
-        _stop(process)
-        raise RuntimeError("the kubelets' process did not start")
-    return process
 
 
 def kubelets_main() -> None:
@@ -600,21 +604,8 @@ class AgentsProcess:
     def start(
         cls, kubeconfig: str, namespace: str, fold: bool, plan: str, database: str
     ) -> AgentsProcess:
-        code = "import django; django.setup(); from agent.bench import storm; storm.agents_main()"
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, kubeconfig, namespace, "1" if fold else "0", plan],
-            cwd=settings.BASE_DIR,
-            env={
-                "DJANGO_SETTINGS_MODULE": "akri_site.settings",
-                **os.environ,
-                "AKRI_SQLITE_PATH": database,
-                "DATABASE_URL": "",
-            },
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None if os.environ.get("AKRI_BENCH_VERBOSE") else subprocess.DEVNULL,
-            text=True,
-        )
+        args = [kubeconfig, namespace, "1" if fold else "0", plan]
+        process = _bench_process("agents_main", args, AKRI_SQLITE_PATH=database, DATABASE_URL="")
         return cls(process)
 
     def wait_ready(self) -> None:
@@ -681,11 +672,13 @@ def agents_main() -> None:
                 continue
             if command == "count":
                 answer = {"patches": patches.value}
-            else:  # "check"
+            elif command == "check":
                 for reconciler in reconcilers:
                     reconciler.flush(timeout=60)
                 errors = ReconcileRun.objects.filter(node__in=list(plan), errors__gt=0).count()
                 answer = {"errors": errors}
+            else:  # the bench's own mistake: said, not taken for another command
+                answer = {"error": f"unknown command {command!r}"}
             print(json.dumps(answer), flush=True)
     finally:
         for reconciler in reconcilers:
