@@ -71,7 +71,7 @@ STORM_LABEL = "akri-bench/storm"
 # watch up to 2 s after the bench's, and free_p95_s was 3.2-5.1 s (writes_per_slot 0.29, as
 # the agents fell behind and their backlog went out in few writes). Measured side by side on
 # this 2-core machine: 10 to a process, 2.39 s (five caches' work took the kubelets' CPU:
-# the pods took 19 s to go); 25 to a process, 1.41-1.60 s (1.25-2.50 s over seven later runs);
+# the pods took 19 s to go); 25 to a process, 1.41-1.60 s (1.16-2.62 s over nine later runs);
 # 17, the same as 25.
 AGENTS_PER_PROCESS = 25
 
