@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -96,20 +97,29 @@ def sample(now: datetime | None = None) -> int:
 
 def record_release(node: str, seconds: float, now: datetime | None = None) -> None:
     """Add one release's latency to ``node``'s row of this minute."""
+    record_releases(node, [seconds], now)
+
+
+def record_releases(node: str, seconds: Sequence[float], now: datetime | None = None) -> None:
+    """Add releases' latencies to ``node``'s row of this minute, in one statement for all (a
+    storm's releases come by the hundred)."""
+    if not seconds:
+        return
     minute = minute_of(now or timezone.now())
-    ms = max(0.0, seconds * 1000.0)
+    all_ms = [max(0.0, s * 1000.0) for s in seconds]
+    n, total_ms, max_ms = len(all_ms), sum(all_ms), max(all_ms)
     for _ in range(2):  # a row made by another writer in between: update that one
         updated = ReleaseSample.objects.filter(node=node, minute=minute).update(
-            releases=F("releases") + 1,
-            total_ms=F("total_ms") + ms,
-            max_ms=Greatest(F("max_ms"), ms),
+            releases=F("releases") + n,
+            total_ms=F("total_ms") + total_ms,
+            max_ms=Greatest(F("max_ms"), max_ms),
         )
         if updated:
             return
         try:
             with transaction.atomic():
                 ReleaseSample.objects.create(
-                    node=node, minute=minute, releases=1, total_ms=ms, max_ms=ms
+                    node=node, minute=minute, releases=n, total_ms=total_ms, max_ms=max_ms
                 )
             return
         except IntegrityError:

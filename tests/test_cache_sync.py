@@ -442,3 +442,35 @@ def test_a_batch_leaves_the_cache_as_its_changes_applied_one_by_one_would(kube, 
     assert _state("all") == one
     rv = [[(k, n, o and o["metadata"]["resourceVersion"]) for k, n, o in told[ns]] for ns in told]
     assert rv[0] == rv[1]
+
+
+@pytest.mark.parametrize("path", ["one", "batch"])
+def test_a_slot_row_out_of_step_with_its_value_is_put_right_though_the_value_stays(kube, path):
+    """A change that leaves a slot's value alone compares the row's other columns too: a row
+    whose level or holder disagrees with its value (written by hand, say) is put right, and
+    the pod it names, which the cache's other writer keeps, is left as it is."""
+    namespace = f"{kube.namespace}-{path}"
+    cache.apply_instance(_version(namespace, "fix-a", 5, s0="node-a"))
+    row = Slot.objects.filter(instance__namespace=namespace, key="fix-a-0")
+    row.update(level="free", holder_node="node-x", pod_name="web-0")
+    later = _version(namespace, "fix-a", 6, s0="node-a", s1="node-b")
+
+    if path == "one":
+        cache.apply_instance(later)
+    else:
+        with transaction.atomic():
+            batch = cache.InstanceBatch([(namespace, "fix-a")])
+            batch.apply(later)
+            batch.flush()
+
+    assert list(row.values_list("value", "level", "holder_node", "pod_name")) == [
+        ("node-a", "IL", "node-a", "web-0")
+    ]
+    other = Slot.objects.get(instance__namespace=namespace, key="fix-a-1")
+    assert (other.value, other.level, other.holder_node) == ("node-b", "IL", "node-b")
+    # Only slot 1 changed value: one event, none for the row put right.
+    events = SlotEvent.objects.filter(namespace=namespace).order_by("id")
+    assert list(events.values_list("slot", "before", "after")) == [
+        ("fix-a-0", "", "node-a"),
+        ("fix-a-1", "", "node-b"),
+    ]

@@ -5,10 +5,16 @@ them never touched, and event rows and metrics one per slot as before."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from prometheus_client import REGISTRY
 
+from agent import usage as usage_rows
 from agent.domain.errors import SlotChanged
 from agent.domain.naming import il_resource_name, slot_key
 from agent.kube import cache
@@ -319,3 +325,55 @@ def test_releases_due_while_a_write_is_in_flight_go_together_in_the_next(
     )
     assert run.errors == 0
     assert ReconcileRun.objects.filter(node="node-a", trigger="event").count() == 1
+
+
+def test_the_books_of_a_storm_go_in_few_statements_and_say_what_each_would(
+    kube, store, instance, kubelet, reconcilers
+):
+    """The write-behind folds what a storm's releases queue one by one: a run's counts written
+    once, a minute's release latencies in one row update, binding deletions that follow each
+    other in one statement; a binding written between them keeps its place."""
+    reconciler = reconcilers()
+    four_pods(kube, reconciler, store, kubelet)
+    book = reconciler._burst_book()
+    book.count("released")
+    book.count("released")
+    now = timezone.now()
+    later = now + timedelta(minutes=1)
+    rebound = replace(reconciler._binding(KEYS[3]), pod_name="web-9", pod_uid="")
+    me = reconciler
+    batch = [
+        (me._delete_binding, (KEYS[0],)),
+        (usage_rows.record_release, ("node-a", 0.1, now)),
+        (book.finish, ()),
+        (me._delete_binding, (KEYS[1],)),
+        (usage_rows.record_release, ("node-a", 0.3, now)),
+        (usage_rows.record_release, ("node-a", 0.2, later)),
+        (book.finish, ()),
+        (me._write_binding, (rebound,)),
+        (me._delete_binding, (KEYS[2],)),
+    ]
+
+    folded = reconciler._coalesced(batch)
+
+    assert folded == [
+        (usage_rows.record_releases, ("node-a", [0.1, 0.3], now)),
+        (usage_rows.record_releases, ("node-a", [0.2], later)),
+        (book.finish, ()),
+        (me._delete_bindings, ([KEYS[0], KEYS[1]],)),
+        (me._write_binding, (rebound,)),
+        (me._delete_bindings, ([KEYS[2]],)),
+    ]
+    with CaptureQueriesContext(connection) as statements:
+        reconciler._write_once(batch)
+    sql = [q["sql"] for q in statements.captured_queries]
+    assert sum(s.startswith("DELETE") for s in sql) == 2
+    assert sum("agent_reconcilerun" in s for s in sql) == 2  # the row made, then written once
+    assert sum(s.startswith("UPDATE") and "agent_releasesample" in s for s in sql) == 2
+    assert list(SlotPodBinding.objects.values_list("slot", "pod_name")) == [(KEYS[3], "web-9")]
+    rows = ReleaseSample.objects.filter(node="node-a").order_by("minute")
+    assert [(r.releases, round(r.total_ms), round(r.max_ms)) for r in rows] == [
+        (2, 400, 300),
+        (1, 200, 200),
+    ]
+    assert ReconcileRun.objects.get(pk=book.row.pk).released == 2

@@ -20,6 +20,10 @@ folded into one conditional write):
   a watch) to its slot free there (seen by a watch on the Instances);
 - ``live_touched``: live pods' slots that changed at any moment (must be 0);
 - ``delete_s``: the ``deletecollection`` call, and ``gone_s`` until every pod is gone;
+- ``agents_cpu_ms_per_slot``: the CPU time the agents' processes spent from the deletion until
+  their books were written (``check``), per freed slot, and ``stand_ins_cpu_ms_per_slot`` the
+  same for the API-server simulator and the kubelets: on this 2-core machine the three share
+  the cores, so what the agents spend the stand-ins wait for, and the pods go later;
 - the same storm with every slot released on its own (``fold_releases=False``), in the same run,
   as the baseline: ``unfolded_writes_per_slot``, ``unfolded_free_p95_s`` and the ratios.
 
@@ -100,9 +104,12 @@ def bench_release_storm(
         "live_touched": folded.live_touched,
         "delete_s": folded.delete_s,
         "gone_s": folded.gone_s,
+        "agents_cpu_ms_per_slot": folded.agents_cpu_ms,
+        "stand_ins_cpu_ms_per_slot": folded.stand_ins_cpu_ms,
         "unfolded_writes_per_slot": unfolded.writes_per_slot,
         "unfolded_free_p95_s": unfolded.free_p95,
         "unfolded_live_touched": unfolded.live_touched,
+        "unfolded_agents_cpu_ms_per_slot": unfolded.agents_cpu_ms,
         "writes_ratio": folded.writes_per_slot / unfolded.writes_per_slot,
         "free_p95_ratio": folded.free_p95 / unfolded.free_p95 if unfolded.free_p95 else 0.0,
     }
@@ -162,6 +169,8 @@ class Result:
     live_touched: int
     delete_s: float
     gone_s: float
+    agents_cpu_ms: float = 0.0
+    stand_ins_cpu_ms: float = 0.0
 
 
 @dataclass
@@ -214,8 +223,14 @@ class Storm:
             if stdout is not None:
                 stdout.write(f"  {self._name}: world ready, deleting\n")
                 stdout.flush()
-            result = self._storm(api_client, watches, agents)
-            self._check(api_client, agents)
+            stand_ins = [server.pid, finishers.pid]
+            stand_ins_before = sum(_cpu_seconds(pid) for pid in stand_ins)
+            result, agents_before = self._storm(api_client, watches, agents)
+            agents_cpu = self._check(api_client, agents) - agents_before
+            stand_ins_cpu = sum(_cpu_seconds(pid) for pid in stand_ins) - stand_ins_before
+            slots = len(self.storm_keys)
+            result.agents_cpu_ms = round(agents_cpu * 1000 / slots, 3)
+            result.stand_ins_cpu_ms = round(stand_ins_cpu * 1000 / slots, 3)
             if stdout is not None:
                 stdout.write(f"  {self._name}: {result}\n")
             return result
@@ -310,16 +325,18 @@ class Storm:
     # --- the storm ------------------------------------------------------------------------------
     def _storm(
         self, api_client: client.ApiClient, watches: Watches, agents: list[AgentsProcess]
-    ) -> Result:
+    ) -> tuple[Result, float]:
+        """The storm's figures, and the agents' processes' CPU seconds before it."""
         core = client.CoreV1Api(api_client)
-        writes_before = sum(process.ask("count")["patches"] for process in agents)
+        before = [process.ask("count") for process in agents]
+        writes_before = sum(answer["patches"] for answer in before)
         started = time.monotonic()
         core.delete_collection_namespaced_pod(self.namespace, label_selector=f"{STORM_LABEL}=yes")
         delete_s = time.monotonic() - started
         watches.wait(set(self.storm_keys), set(self.storm_keys.values()), TIMEOUT)
         writes = sum(process.ask("count")["patches"] for process in agents) - writes_before
         latencies = [watches.freed[key] - watches.gone[pod] for key, pod in self.storm_keys.items()]
-        return Result(
+        result = Result(
             writes_per_slot=round(writes / len(self.storm_keys), 3),
             free_p95=round(percentile(latencies, 95), 3),
             free_p50=round(percentile(latencies, 50), 3),
@@ -327,9 +344,11 @@ class Storm:
             delete_s=round(delete_s, 2),
             gone_s=round(max(watches.gone.values()) - started, 2),
         )
+        return result, sum(answer["cpu_s"] for answer in before)
 
-    def _check(self, api_client: client.ApiClient, agents: list[AgentsProcess]) -> None:
-        """The answers, from the API server: loudly wrong rather than quietly fast."""
+    def _check(self, api_client: client.ApiClient, agents: list[AgentsProcess]) -> float:
+        """The answers, from the API server: loudly wrong rather than quietly fast. Returns
+        the agents' processes' CPU seconds so far, their books written."""
         akri = AkriApi(api_client, self.namespace)
         usage: dict[str, str] = {}
         for obj in akri.list_instances()["items"]:
@@ -344,9 +363,11 @@ class Storm:
                 f" {len(moved)} live slots changed {moved[:5]}, {len(left)} storm pods left,"
                 f" {len(pods)} pods in all for {len(self.live_keys)} live"
             )
-        errors = sum(process.ask("check")["errors"] for process in agents)
+        answers = [process.ask("check") for process in agents]
+        errors = sum(answer["errors"] for answer in answers)
         if errors:
             raise RuntimeError(f"{errors} reconcile runs counted errors during the storm")
+        return sum(answer["cpu_s"] for answer in answers)
 
 
 class Watches:
@@ -578,6 +599,12 @@ def kubelets_main() -> None:
         finisher.stop()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process of ours so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _stop(process: subprocess.Popen) -> None:
     with contextlib.suppress(OSError):
         process.stdin.close()
@@ -593,7 +620,8 @@ class AgentsProcess:
     """Some nodes' agents in a process of their own (``agents_main``), told over its stdin
     which pods their kubelets stopped (``gone <pod>``, from the bench's pod watch: one watch
     for all, not one more per process) and asked ``count`` (the Instance PATCH requests sent
-    so far) and ``check`` (books written, and the reconcile runs that counted errors); it ends
+    so far) and ``check`` (books written, and the reconcile runs that counted errors), each
+    answered with the process's CPU time so far; it ends
     when its stdin closes."""
 
     def __init__(self, process: subprocess.Popen) -> None:
@@ -671,12 +699,12 @@ def agents_main() -> None:
                 kubelets[node_of[pod]].remove_pod(namespace, pod)
                 continue
             if command == "count":
-                answer = {"patches": patches.value}
+                answer = {"patches": patches.value, "cpu_s": time.process_time()}
             elif command == "check":
                 for reconciler in reconcilers:
                     reconciler.flush(timeout=60)
                 errors = ReconcileRun.objects.filter(node__in=list(plan), errors__gt=0).count()
-                answer = {"errors": errors}
+                answer = {"errors": errors, "cpu_s": time.process_time()}
             else:  # the bench's own mistake: said, not taken for another command
                 answer = {"error": f"unknown command {command!r}"}
             print(json.dumps(answer), flush=True)

@@ -305,6 +305,17 @@ def _slot_plan(
         value = view.usage.raw
         slot = existing.get(view.key)
         before = slot.value if slot is not None else None
+        if before == value and (
+            slot.index,
+            slot.surplus,
+            slot.level,
+            slot.holder_node,
+            slot.vdev,
+        ) == (view.index, view.surplus, _LEVEL[view.usage.kind], view.usage.node, view.usage.vdev):
+            # Most slots of a changed Instance are as they were: compared without building
+            # the columns' dict (``_slot_fields``) for each.
+            steps.append((view.key, slot, {}, before, value))
+            continue
         fields = _slot_fields(view)
         if before != value:
             fields.update(value=value, since=now if value else None)
@@ -448,7 +459,9 @@ class InstanceBatch:
             self._slots[key] = {}
         by_pk = {row.pk: key for key, row in found.items()}
         if by_pk:
-            for slot in Slot.objects.filter(instance_id__in=by_pk):
+            rows = Slot.objects.filter(instance_id__in=by_pk).values_list(*_SLOT_COLUMNS)
+            for values in rows:
+                slot = _SlotRead(values)
                 self._slots[by_pk[slot.instance_id]][slot.key] = slot
 
     def apply(
@@ -485,6 +498,8 @@ class InstanceBatch:
                 existing[key] = Slot(instance=row, key=key, **fields)
                 self._slot_dirty[(name, key)] = {"*"}
             elif fields:
+                if isinstance(slot, _SlotRead):
+                    slot = existing[key] = slot.model()
                 for k, v in fields.items():
                     setattr(slot, k, v)
                 self._slot_dirty.setdefault((name, key), set()).update(fields)
@@ -524,6 +539,30 @@ class InstanceBatch:
         SlotEvent.objects.bulk_create(self._events, batch_size=BATCH)
         self._gone, self._slots_gone, self._events = [], [], []
         self._dirty, self._slot_dirty = {}, {}
+
+
+_SLOT_COLUMNS = tuple(f.attname for f in Slot._meta.concrete_fields)
+
+
+class _SlotRead:
+    """A slot row as ``InstanceBatch`` read it: its columns as attributes, made a model
+    (``model``) only when it is to be written. An Instance's change rewrites a slot or two of
+    its dozens, and a model instance built of every row read was, in a storm of releases,
+    about a tenth of the agents' time."""
+
+    __slots__ = ("_values", *_SLOT_COLUMNS)
+
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        self._values = values
+        for column, value in zip(_SLOT_COLUMNS, values, strict=True):
+            setattr(self, column, value)
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+    def model(self) -> Slot:
+        return Slot.from_db(Slot.objects.db, _SLOT_COLUMNS, self._values)
 
 
 def _upsert(model: Any, unique: list[str], rows: list[tuple[Any, Any]], dirty: dict) -> None:

@@ -1511,6 +1511,9 @@ class NodeReconciler:
     def _delete_binding(self, slot: str) -> None:
         SlotPodBinding.objects.filter(node=self.node, slot=slot).delete()
 
+    def _delete_bindings(self, slots: list[str]) -> None:
+        SlotPodBinding.objects.filter(node=self.node, slot__in=slots).delete()
+
     def _show_pod(self, instance: str, key: str, binding: Binding | None) -> None:
         """Keep the dashboard's Slot.pod_* in step with the map."""
         self._persist(self._write_shown_pod, instance, key, binding)
@@ -1600,9 +1603,7 @@ class NodeReconciler:
 
     def _write_once(self, batch: list[tuple[Any, tuple]]) -> None:
         with transaction.atomic():
-            for fn, args in batch:
-                if fn is _FLUSH:
-                    continue
+            for fn, args in self._coalesced(batch):
                 try:
                     with transaction.atomic():
                         fn(*args)
@@ -1611,6 +1612,53 @@ class NodeReconciler:
                 except Exception:
                     # One row's problem (it contradicts another, say): logged, the rest go on.
                     log.exception("%s: persisting %s failed", self.node, fn.__name__)
+
+    def _coalesced(self, batch: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
+        """The batch's writes with the repeated ones folded. Each release queues a binding's
+        deletion, its latency's sample and its run's ``finish``: a statement and a savepoint
+        each, which in a storm of releases were the agent's largest share of its time.
+
+        - A run's ``finish`` is kept once, where its last one was: it writes the counts as
+          they are when it runs, so the earlier ones only wrote what the last writes again.
+        - The release latencies of a node's minute go in one ``record_releases``, where the
+          last one was (their table has nothing else in the batch to keep order with).
+        - Binding deletions that follow each other go in one statement; a binding written in
+          between keeps its place, so a slot's rows change in the order they were queued.
+        """
+        last_finish: dict[int, int] = {}
+        last_sample: dict[tuple[str, int], int] = {}
+        samples: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for i, (fn, args) in enumerate(batch):
+            if getattr(fn, "__func__", None) is RunBook.finish:
+                last_finish[id(fn.__self__)] = i
+            elif fn is usage.record_release:
+                node, seconds, now = args
+                minute = usage.minute_of(now)
+                samples[(node, minute)].append(seconds)
+                last_sample[(node, minute)] = i
+        out: list[tuple[Any, tuple]] = []
+        deletes: list[str] = []
+        for i, (fn, args) in enumerate(batch):
+            if fn == self._delete_binding:
+                deletes.append(args[0])
+                continue
+            if fn is _FLUSH:
+                continue
+            if getattr(fn, "__func__", None) is RunBook.finish:
+                if last_finish[id(fn.__self__)] != i:
+                    continue
+            elif fn is usage.record_release:
+                key = (args[0], usage.minute_of(args[2]))
+                if last_sample[key] != i:
+                    continue
+                fn, args = usage.record_releases, (key[0], samples[key], args[2])
+            elif fn == self._write_binding and deletes:
+                out.append((self._delete_bindings, (deletes,)))
+                deletes = []
+            out.append((fn, args))
+        if deletes:
+            out.append((self._delete_bindings, (deletes,)))
+        return out
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued database write has landed (tests, benchmarks)."""
