@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from agent import usage as usage_rows
@@ -338,7 +337,7 @@ def test_the_books_of_a_storm_go_in_few_statements_and_say_what_each_would(
     book = reconciler._burst_book()
     book.count("released")
     book.count("released")
-    now = timezone.now()
+    now = datetime(2026, 1, 5, 10, 0, 30, tzinfo=UTC)  # minutes of their own, not this one
     later = now + timedelta(minutes=1)
     rebound = replace(reconciler._binding(KEYS[3]), pod_name="web-9", pod_uid="")
     me = reconciler
@@ -352,6 +351,7 @@ def test_the_books_of_a_storm_go_in_few_statements_and_say_what_each_would(
         (book.finish, ()),
         (me._write_binding, (rebound,)),
         (me._delete_binding, (KEYS[2],)),
+        (usage_rows.record_release, ("node-a", 0.5)),  # no time given: written as it is
     ]
 
     folded = reconciler._coalesced(batch)
@@ -362,6 +362,7 @@ def test_the_books_of_a_storm_go_in_few_statements_and_say_what_each_would(
         (book.finish, ()),
         (me._delete_bindings, ([KEYS[0], KEYS[1]],)),
         (me._write_binding, (rebound,)),
+        (usage_rows.record_release, ("node-a", 0.5)),
         (me._delete_bindings, ([KEYS[2]],)),
     ]
     with CaptureQueriesContext(connection) as statements:
@@ -369,11 +370,12 @@ def test_the_books_of_a_storm_go_in_few_statements_and_say_what_each_would(
     sql = [q["sql"] for q in statements.captured_queries]
     assert sum(s.startswith("DELETE") for s in sql) == 2
     assert sum("agent_reconcilerun" in s for s in sql) == 2  # the row made, then written once
-    assert sum(s.startswith("UPDATE") and "agent_releasesample" in s for s in sql) == 2
+    assert sum(s.startswith("UPDATE") and "agent_releasesample" in s for s in sql) == 3
     assert list(SlotPodBinding.objects.values_list("slot", "pod_name")) == [(KEYS[3], "web-9")]
     rows = ReleaseSample.objects.filter(node="node-a").order_by("minute")
     assert [(r.releases, round(r.total_ms), round(r.max_ms)) for r in rows] == [
         (2, 400, 300),
         (1, 200, 200),
+        (1, 500, 500),  # the untimed one, in this minute
     ]
     assert ReconcileRun.objects.get(pk=book.row.pk).released == 2

@@ -1616,7 +1616,7 @@ class NodeReconciler:
     def _coalesced(self, batch: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
         """The batch's writes with the repeated ones folded. Each release queues a binding's
         deletion, its latency's sample and its run's ``finish``: a statement and a savepoint
-        each, which in a storm of releases were the agent's largest share of its time.
+        each, which in a storm of releases were about a third of the agents' interpreter time.
 
         - A run's ``finish`` is kept once, where its last one was: it writes the counts as
           they are when it runs, so the earlier ones only wrote what the last writes again.
@@ -1631,11 +1631,9 @@ class NodeReconciler:
         for i, (fn, args) in enumerate(batch):
             if getattr(fn, "__func__", None) is RunBook.finish:
                 last_finish[id(fn.__self__)] = i
-            elif fn is usage.record_release:
-                node, seconds, now = args
-                minute = usage.minute_of(now)
-                samples[(node, minute)].append(seconds)
-                last_sample[(node, minute)] = i
+            elif fn is usage.record_release and (key := _sample_key(args)) is not None:
+                samples[key].append(args[1])
+                last_sample[key] = i
         out: list[tuple[Any, tuple]] = []
         deletes: list[str] = []
         for i, (fn, args) in enumerate(batch):
@@ -1647,8 +1645,7 @@ class NodeReconciler:
             if getattr(fn, "__func__", None) is RunBook.finish:
                 if last_finish[id(fn.__self__)] != i:
                     continue
-            elif fn is usage.record_release:
-                key = (args[0], usage.minute_of(args[2]))
+            elif fn is usage.record_release and (key := _sample_key(args)) is not None:
                 if last_sample[key] != i:
                     continue
                 fn, args = usage.record_releases, (key[0], samples[key], args[2])
@@ -1765,6 +1762,16 @@ class NodeReconciler:
 
 
 _UNREADABLE = object()
+
+
+def _sample_key(args: tuple) -> tuple[str, int] | None:
+    """The node and minute of a queued ``usage.record_release(node, seconds, now)``; None for
+    one queued without its time (written as it is, not folded)."""
+    if len(args) != 3 or not isinstance(args[2], datetime):
+        return None
+    return args[0], usage.minute_of(args[2])
+
+
 _FLUSH = object()  # queued by ``flush``: a mark in the write-behind queue, not a write
 
 
