@@ -76,7 +76,7 @@ STORM_LABEL = "akri-bench/storm"
 # the agents fell behind and their backlog went out in few writes). Measured side by side on
 # this 2-core machine: 10 to a process, 2.39 s (five caches' work took the kubelets' CPU:
 # the pods took 19 s to go); 25 to a process, 1.41-1.60 s (1.16-2.62 s over nine later runs);
-# 17, the same as 25.
+# 17, the same as 25. (All measured while the stand-in kubelets removed four pods at a time.)
 AGENTS_PER_PROCESS = 25
 
 
