@@ -9,6 +9,7 @@ same object twice changes nothing and records nothing twice.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -305,18 +306,13 @@ def _slot_plan(
         value = view.usage.raw
         slot = existing.get(view.key)
         before = slot.value if slot is not None else None
-        if before == value and (
-            slot.index,
-            slot.surplus,
-            slot.level,
-            slot.holder_node,
-            slot.vdev,
-        ) == (view.index, view.surplus, _LEVEL[view.usage.kind], view.usage.node, view.usage.vdev):
-            # Most slots of a changed Instance are as they were: compared without building
-            # the columns' dict (``_slot_fields``) for each.
+        derived = _view_columns(view)
+        if before == value and _row_columns(slot) == derived:
+            # Most slots of a changed Instance are as they were: compared as tuples, without
+            # a dict of columns for each.
             steps.append((view.key, slot, {}, before, value))
             continue
-        fields = _slot_fields(view)
+        fields = dict(zip(_DERIVED, derived, strict=True))  # as ``_slot_fields``
         if before != value:
             fields.update(value=value, since=now if value else None)
             fields.update(pod_namespace="", pod_name="", pod_uid="", container="")
@@ -326,14 +322,18 @@ def _slot_plan(
     return steps, [slot for key, slot in existing.items() if key not in seen]
 
 
+# The slot columns that follow from the Instance (its key, capacity and the slot's value).
+_DERIVED = ("index", "surplus", "level", "holder_node", "vdev")
+_row_columns = operator.attrgetter(*_DERIVED)
+
+
+def _view_columns(view: Any) -> tuple[Any, ...]:
+    """``_DERIVED`` as the slot view says they should be."""
+    return (view.index, view.surplus, _LEVEL[view.usage.kind], view.usage.node, view.usage.vdev)
+
+
 def _slot_fields(view: Any) -> dict[str, Any]:
-    return {
-        "index": view.index,
-        "surplus": view.surplus,
-        "level": _LEVEL[view.usage.kind],
-        "holder_node": view.usage.node,
-        "vdev": view.usage.vdev,
-    }
+    return dict(zip(_DERIVED, _view_columns(view), strict=True))
 
 
 def record_change(

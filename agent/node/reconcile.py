@@ -1625,30 +1625,30 @@ class NodeReconciler:
         - Binding deletions that follow each other go in one statement; a binding written in
           between keeps its place, so a slot's rows change in the order they were queued.
         """
-        last_finish: dict[int, int] = {}
-        last_sample: dict[tuple[str, int], int] = {}
-        samples: dict[tuple[str, int], list[float]] = defaultdict(list)
+        # What each item is, once: ("finish", its run) or ("sample", its node and minute).
+        kinds: list[tuple[str, Any] | None] = []
+        last: dict[tuple[str, Any], int] = {}  # kind -> index of its last item
+        samples: dict[Any, list[float]] = defaultdict(list)
         for i, (fn, args) in enumerate(batch):
+            kind = None
             if getattr(fn, "__func__", None) is RunBook.finish:
-                last_finish[id(fn.__self__)] = i
+                kind = ("finish", id(fn.__self__))
             elif fn is usage.record_release and (key := _sample_key(args)) is not None:
+                kind = ("sample", key)
                 samples[key].append(args[1])
-                last_sample[key] = i
+            kinds.append(kind)
+            if kind is not None:
+                last[kind] = i
         out: list[tuple[Any, tuple]] = []
         deletes: list[str] = []
-        for i, (fn, args) in enumerate(batch):
+        for i, ((fn, args), kind) in enumerate(zip(batch, kinds, strict=True)):
+            if fn is _FLUSH or (kind is not None and last[kind] != i):
+                continue
             if fn == self._delete_binding:
                 deletes.append(args[0])
                 continue
-            if fn is _FLUSH:
-                continue
-            if getattr(fn, "__func__", None) is RunBook.finish:
-                if last_finish[id(fn.__self__)] != i:
-                    continue
-            elif fn is usage.record_release and (key := _sample_key(args)) is not None:
-                if last_sample[key] != i:
-                    continue
-                fn, args = usage.record_releases, (key[0], samples[key], args[2])
+            if kind is not None and kind[0] == "sample":
+                fn, args = usage.record_releases, (args[0], samples[kind[1]], args[2])
             elif fn == self._write_binding and deletes:
                 out.append((self._delete_bindings, (deletes,)))
                 deletes = []
